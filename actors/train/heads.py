@@ -199,7 +199,7 @@ def _lr(step: int, spec: HeadTrainSpec) -> float:
 def init_head(spec: HeadSpec, target: Llama4ForCausalLM, seed: int, d2t: torch.Tensor | None = None) -> DraftHead:
     torch.manual_seed(seed)
     head = DraftHead(spec)
-    for name, p in head.named_parameters():
+    for p in head.parameters():
         if p.ndim >= 2:
             torch.nn.init.normal_(p, std=0.02)
     head.embed_tokens.weight.data.copy_(target.model.embed_tokens.weight.float())

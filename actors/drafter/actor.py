@@ -1,0 +1,63 @@
+"""The drafter as a plain Ray actor: a ``DrafterEngine`` behind msgpack-in, msgpack-out methods.
+
+``propose(step_bytes, hidden)``: ``hidden`` arrives resolved from its ``ObjectRef`` (a numpy array read from
+the object store). Errors are caught and returned as a ``FAILED`` result, so the verifier can carry on
+without drafts; they are also counted for ``health``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+
+from actors.drafter.engine import DrafterEngine
+from actors.messages import DraftResult, DraftStatus, DraftStep
+
+logger = logging.getLogger(__name__)
+
+
+class DrafterActor:
+    def __init__(self, head_dir: str, target_dir: str | None = None, max_model_len: int = 4096,
+                 num_threads: int | None = None) -> None:
+        if num_threads:
+            import torch
+
+            torch.set_num_threads(num_threads)
+        self.engine = DrafterEngine.from_checkpoint(head_dir, target_dir, max_model_len=max_model_len)
+        self.head_dir = head_dir
+        self.steps = 0
+        self.failures = 0
+        self.started = time.time()
+
+    def propose(self, step_bytes: bytes, hidden: np.ndarray) -> bytes:
+        step = DraftStep.unpack(step_bytes)
+        try:
+            result = self.engine.propose(step, hidden)
+        except Exception as e:
+            self.failures += 1
+            logger.warning("drafter step %d failed: %s", step.step_id, e)
+            result = DraftResult(
+                step.step_id, DraftStatus.FAILED, np.zeros((0, 0), np.int32), error=traceback.format_exc(limit=3)
+            )
+        self.steps += 1
+        return result.pack()
+
+    def free(self, req_ids: list[str]) -> int:
+        self.engine.free(req_ids)
+        return self.engine.num_active_sequences
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "head": self.head_dir,
+            "method": self.engine.spec.method.value,
+            "active_sequences": self.engine.num_active_sequences,
+            "steps": self.steps,
+            "failures": self.failures,
+        }
+
+    def ping(self) -> bool:
+        return True

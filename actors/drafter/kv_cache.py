@@ -1,0 +1,89 @@
+"""The drafter's own KV cache: one slot per sequence, addressed by position.
+
+``k[layer]`` / ``v[layer]``: ``[num_slots, max_len, num_kv_heads, head_dim]``. A sequence's entry at position p
+is simply overwritten when p is written again, which covers the three cases the verifier produces:
+accepted tokens replacing the speculative entries of the last step, a preempted sequence restarting at
+position 0, and draft steps writing ahead. Attention only reads positions <= the query's, so stale entries
+further right are never seen.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class CacheFullError(RuntimeError):
+    pass
+
+
+class DraftKVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        initial_slots: int = 8,
+        max_slots: int = 1024,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.shape_tail = (max_len, num_kv_heads, head_dim)
+        self.max_len = max_len
+        self.max_slots = max_slots
+        self.dtype, self.device = dtype, device
+        self.k = [torch.zeros(initial_slots, *self.shape_tail, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros_like(t) for t in self.k]
+        self.slot_of: dict[str, int] = {}
+        self.free_slots = list(range(initial_slots - 1, -1, -1))
+
+    @property
+    def num_slots(self) -> int:
+        return self.k[0].shape[0]
+
+    @property
+    def num_active(self) -> int:
+        return len(self.slot_of)
+
+    def _grow(self) -> None:
+        old = self.num_slots
+        new = min(self.max_slots, old * 2)
+        if new == old:
+            raise CacheFullError(f"draft KV cache: all {old} slots in use")
+        for lst in (self.k, self.v):
+            for i, t in enumerate(lst):
+                lst[i] = torch.cat([t, torch.zeros(new - old, *self.shape_tail, dtype=self.dtype, device=self.device)])
+        self.free_slots = list(range(new - 1, old - 1, -1)) + self.free_slots
+
+    def slots_for(self, req_ids: list[str]) -> torch.Tensor:  # [B] slot indices, allocating new sequences
+        out = []
+        for rid in req_ids:
+            slot = self.slot_of.get(rid)
+            if slot is None:
+                if not self.free_slots:
+                    self._grow()
+                slot = self.free_slots.pop()
+                self.slot_of[rid] = slot
+            out.append(slot)
+        return torch.tensor(out, dtype=torch.long, device=self.device)
+
+    def free(self, req_ids: list[str]) -> None:
+        for rid in req_ids:
+            slot = self.slot_of.pop(rid, None)
+            if slot is not None:
+                self.free_slots.append(slot)
+
+    def write(
+        self,
+        layer: int,
+        slots: torch.Tensor,  # [N] slot of each row
+        positions: torch.Tensor,  # [N]
+        k: torch.Tensor,  # [N, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [N, num_kv_heads, head_dim]
+    ) -> None:
+        self.k[layer][slots, positions] = k.to(self.dtype)
+        self.v[layer][slots, positions] = v.to(self.dtype)
+
+    def read(self, layer: int, slots: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of ``slots`` for positions ``[0, length)``: each ``[B, length, num_kv_heads, head_dim]``."""
+        return self.k[layer][slots, :length], self.v[layer][slots, :length]

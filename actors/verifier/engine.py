@@ -1,0 +1,30 @@
+"""Engine arguments for a verifier: the target, vLLM's EAGLE ``speculative_config``, and our worker class.
+
+The speculative config is vLLM's own (``method``, ``model``, ``num_speculative_tokens``, ...): vLLM reads the
+head's ``config.json`` from ``model`` (for EAGLE-3: which aux layers to capture) but never its weights, which
+the drafter loads instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.verifier.worker import CONFIG_KEY
+
+WORKER_CLS = "actors.verifier.worker.RemoteDraftWorker"
+
+
+def verifier_kwargs(
+    target: str,
+    speculative_config: dict[str, Any],
+    draft_client: dict[str, Any],
+    **engine: Any,
+) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.LLM`` / ``AsyncEngineArgs`` (on top of ``actors.vllm_engine.engine_kwargs``)."""
+    from actors.vllm_engine import engine_kwargs
+
+    additional = dict(engine.pop("additional_config", None) or {})
+    additional[CONFIG_KEY] = {"draft_client": dict(draft_client)}
+    kwargs = engine_kwargs(target, speculative_config=speculative_config, **engine)
+    kwargs.update(worker_cls=WORKER_CLS, additional_config=additional, async_scheduling=False)
+    return kwargs

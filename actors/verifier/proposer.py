@@ -1,0 +1,192 @@
+"""``RemoteEagleProposer``: vLLM's ``EagleProposer`` with the draft model replaced by a remote drafter.
+
+vLLM's model runner still does everything around drafting: its scheduler, paged KV cache (target layers
+only: no draft layers are built here), rejection sampler and metrics, and its ``prepare_next_token_ids_*`` /
+``prepare_inputs_*`` (inherited). ``propose`` gets what the runner gives vLLM's own EAGLE head each step:
+
+    target_token_ids      [num_tokens]               tokens verified this step, all sequences, flattened
+    target_positions      [num_tokens]
+    target_hidden_states  [num_tokens, width]        EAGLE: last layer (post-norm); EAGLE-3: aux layers, concat
+    next_token_ids        [batch_size]               the token sampled after each sequence's last accepted one
+    token_indices_to_sample [batch_size] | None      row of each sequence's last accepted token (padded path)
+
+and returns draft token ids ``[batch_size, k]``. Sequence i's rows are ``query_start_loc[i]`` up to its last
+accepted row; rows after it (rejected drafts, padded path) are dropped before shipping. Sequences are in
+``runner.input_batch.req_ids`` order.
+
+Only tensor-parallel rank 0 talks to the drafter: vLLM's scheduler takes draft tokens from that rank's output
+and broadcasts them with the next step, so other ranks return placeholders of the right shape.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from vllm.v1.spec_decode.eagle import EagleProposer
+
+from actors.messages import DraftStatus, DraftStep, SeqSlice
+from actors.metrics import SpecDecodeStats
+from actors.verifier.client import DraftClient
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepTiming:
+    batch_size: int
+    num_tokens: int
+    propose_ms: float  # whole propose() call, as seen by the runner
+    ship_ms: float
+    wait_ms: float
+    compute_ms: float
+
+
+@dataclass
+class ProposerState:
+    """What the proposer has learnt, read by the worker's RPCs."""
+
+    steps: int = 0
+    failures: int = 0
+    timings: list[StepTiming] = field(default_factory=list)
+    per_request: dict[str, SpecDecodeStats] = field(default_factory=dict)
+    pending: dict[str, tuple[int, int]] = field(default_factory=dict)  # req -> (drafts sent, last position)
+
+
+def step_rows(
+    query_start_loc: torch.Tensor,  # [batch_size + 1] (cpu)
+    last_rows: torch.Tensor,  # [batch_size] row of each sequence's last accepted token
+) -> torch.Tensor:  # [num_kept] row indices to ship, sequence by sequence
+    """Worked example: query_start_loc [0, 4, 5], last rows [1, 4] -> keep rows [0, 1, 4] (rows 2, 3 were the
+    rejected drafts of sequence 0)."""
+    starts = query_start_loc[:-1]
+    counts = last_rows - starts + 1
+    seq = torch.repeat_interleave(torch.arange(counts.numel()), counts)
+    offsets = torch.arange(int(counts.sum())) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    return starts[seq] + offsets
+
+
+class RemoteEagleProposer(EagleProposer):
+    def __init__(self, vllm_config, device, runner, client: DraftClient | None, is_driver: bool) -> None:
+        super().__init__(vllm_config, device, runner)
+        self.runner = runner
+        self.client = client
+        self.is_driver = is_driver
+        self.kv_cache_gid = 0
+        self.state = ProposerState()
+        self._live: set[str] = set()
+
+    # --- no draft model in this process --------------------------------------------------------------
+    def load_model(self, target_model: torch.nn.Module) -> None:
+        return None
+
+    def initialize_attn_backend(self, kv_cache_config, kernel_block_sizes=None) -> None:
+        # The proposer's inherited prepare_inputs_* read block_size; no draft attention groups exist.
+        self.kv_cache_gid = 0
+        self.draft_attn_groups = []
+        self.block_size = kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+
+    def validate_same_kv_cache_group(self, kv_cache_config) -> None:
+        return None
+
+    def initialize_cudagraph_keys(self, cudagraph_mode) -> None:
+        return None
+
+    def dummy_run(self, *args, **kwargs) -> None:
+        return None
+
+    # --- one step ------------------------------------------------------------------------------------
+    def propose(
+        self,
+        num_speculative_tokens: int,
+        target_token_ids: torch.Tensor,  # [num_tokens]
+        target_positions: torch.Tensor,  # [num_tokens]
+        target_hidden_states: torch.Tensor,  # [num_tokens, width]
+        next_token_ids: torch.Tensor,  # [batch_size]
+        token_indices_to_sample: torch.Tensor | None,  # [batch_size]
+        common_attn_metadata,
+        sampling_metadata,
+        mm_embed_inputs=None,
+        num_rejected_tokens_gpu: torch.Tensor | None = None,
+        slot_mappings=None,
+    ) -> torch.Tensor:  # [batch_size, k]
+        start = time.perf_counter()
+        k = num_speculative_tokens
+        batch_size = common_attn_metadata.batch_size()
+        placeholder = torch.zeros(batch_size, k, dtype=torch.long, device=target_token_ids.device)
+        if not self.is_driver or self.client is None:
+            return placeholder
+        qsl = common_attn_metadata.query_start_loc_cpu[: batch_size + 1].long()
+        if token_indices_to_sample is None:
+            last = qsl[1:] - 1
+        else:
+            last = token_indices_to_sample[:batch_size].long().cpu()
+        rows = step_rows(qsl, last)
+        # Input token of row j is the token after it: target_token_ids[j + 1], or the sampled next token
+        # for each sequence's last row.
+        shifted = torch.empty_like(target_token_ids[: qsl[-1]])
+        shifted[:-1] = target_token_ids[1 : qsl[-1]]
+        shifted[last.to(shifted.device)] = next_token_ids[:batch_size].to(shifted.dtype)
+        rows_dev = rows.to(target_token_ids.device)
+        input_ids = shifted[rows_dev].cpu().numpy().astype(np.int32)
+        positions = target_positions[rows_dev].cpu()
+        hidden = target_hidden_states[rows_dev]
+        req_ids = list(self.runner.input_batch.req_ids[:batch_size])
+        counts = (last - qsl[:-1] + 1).tolist()
+        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+        seqs = [
+            SeqSlice(rid, off, n, int(positions[off]))
+            for rid, off, n in zip(req_ids, offsets, counts, strict=True)
+        ]
+        finished = sorted(self._live - set(req_ids))
+        self._live = set(req_ids)
+        prompt_lens = getattr(self.runner.input_batch, "num_prompt_tokens", None)
+        in_prefill = [
+            prompt_lens is not None and s.start_position + s.num_tokens < int(prompt_lens[i])
+            for i, s in enumerate(seqs)
+        ]
+        self._account(seqs, finished, k, in_prefill)
+        step = DraftStep(self.state.steps, k, seqs, input_ids, finished)
+        self.state.steps += 1
+        try:
+            result, timing = self.client.propose(step, hidden)
+            if result.status is not DraftStatus.OK:
+                raise RuntimeError(result.error or "drafter reported a failure")
+            drafts = torch.from_numpy(np.array(result.draft_token_ids, dtype=np.int64)).to(placeholder.device)
+        except Exception as e:  # a drafter that errors or dies never fails a request
+            self.state.failures += 1
+            logger.warning("drafter failed at step %d (%s); this step proposes no usable drafts", step.step_id, e)
+            for s in seqs:
+                self.state.pending.pop(s.req_id, None)
+            return placeholder
+        self.state.timings.append(
+            StepTiming(batch_size, int(rows.numel()), (time.perf_counter() - start) * 1e3, timing.ship_ms,
+                       timing.wait_ms, timing.compute_ms)
+        )
+        return drafts
+
+    def _account(self, seqs: list[SeqSlice], finished: list[str], k: int, in_prefill: list[bool]) -> None:
+        """Per-request acceptance, vLLM's definitions: a decode step that follows k drafts and ships
+        1 + a rows accepted a drafts (positions 0..a-1). Drafts made during a partial prefill are discarded
+        by vLLM, so they are not counted."""
+        st = self.state
+        for rid in finished:
+            st.pending.pop(rid, None)
+        for s, prefill in zip(seqs, in_prefill, strict=True):
+            sent = st.pending.get(s.req_id)
+            if sent is not None and s.start_position == sent[1] + 1:
+                n_drafts, _ = sent
+                accepted = max(0, min(n_drafts, s.num_tokens - 1))
+                stats = st.per_request.setdefault(s.req_id, SpecDecodeStats(accepted_per_pos=[0] * n_drafts))
+                stats.num_drafts += 1
+                stats.num_draft_tokens += n_drafts
+                stats.num_accepted_tokens += accepted
+                for i in range(accepted):
+                    stats.accepted_per_pos[i] += 1
+            if k > 0 and not prefill:
+                st.pending[s.req_id] = (k, s.start_position + s.num_tokens - 1)
+            else:
+                st.pending.pop(s.req_id, None)

@@ -1,0 +1,74 @@
+"""The vLLM worker class for the verifier (``worker_cls``): the platform's worker, with the remote proposer.
+
+``init_device`` builds the model runner as usual, then replaces ``model_runner.drafter`` before
+``load_model`` runs, so no draft weights are ever loaded here. The drafter client comes from
+``additional_config["eagle_cluster"]["draft_client"]`` (see ``actors.verifier.client.build_client``).
+
+RPCs (``LLM.collective_rpc`` / ``engine.collective_rpc``): ``eagle_cluster_stats`` returns the proposer's
+counters, timings and per-request acceptance as plain dicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from vllm.platforms import current_platform
+
+if current_platform.is_cpu():
+    from vllm.v1.worker.cpu_worker import CPUWorker as _PlatformWorker
+else:  # pragma: no cover - GPU
+    from vllm.v1.worker.gpu_worker import Worker as _PlatformWorker
+
+from actors.verifier.client import build_client
+from actors.verifier.proposer import RemoteEagleProposer
+
+CONFIG_KEY = "eagle_cluster"
+
+
+def _ensure_ray(namespace: str | None) -> None:
+    """In an engine subprocess, join the running Ray cluster (else ``ray.put`` starts a private one)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), namespace=namespace, log_to_driver=False)
+
+
+class RemoteDraftWorker(_PlatformWorker):
+    def init_device(self) -> None:
+        super().init_device()
+        runner = self.model_runner
+        cfg: dict[str, Any] = (self.vllm_config.additional_config or {}).get(CONFIG_KEY, {})
+        if self.vllm_config.speculative_config is None or not hasattr(runner, "drafter"):
+            raise RuntimeError("eagle_cluster verifier: the engine needs an EAGLE / EAGLE-3 speculative_config")
+        if getattr(runner, "speculator", None) is not None and not hasattr(runner, "drafter"):
+            raise RuntimeError(
+                "eagle_cluster verifier: vLLM's model runner V2 is active; set VLLM_USE_V2_MODEL_RUNNER=0"
+            )
+        pc = self.vllm_config.parallel_config
+        is_driver = self.rank % (pc.tensor_parallel_size * pc.pipeline_parallel_size) == 0
+        client = None
+        if is_driver:
+            spec = dict(cfg.get("draft_client", {}))
+            _ensure_ray(spec.get("namespace"))
+            client = build_client(spec)
+        runner.drafter = RemoteEagleProposer(self.vllm_config, self.device, runner, client, is_driver)
+
+    def eagle_cluster_stats(self) -> dict[str, Any]:
+        drafter = self.model_runner.drafter
+        if not isinstance(drafter, RemoteEagleProposer):
+            raise RuntimeError("eagle_cluster verifier: the remote proposer is not installed")
+        st = drafter.state
+        return {
+            "is_driver": drafter.is_driver,
+            "steps": st.steps,
+            "failures": st.failures,
+            "timings": [dataclasses.asdict(t) for t in st.timings],
+            "per_request": {k: dataclasses.asdict(v) for k, v in st.per_request.items()},
+        }
+
+    def eagle_cluster_reset_stats(self) -> None:
+        drafter = self.model_runner.drafter
+        drafter.state.timings.clear()
+        drafter.state.per_request.clear()

@@ -1,0 +1,59 @@
+"""Shared fixtures: tiny random checkpoints in vLLM's layouts, and the shipped models' paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "models"
+TARGET = MODELS / "llama4-tiny"
+EAGLE1 = MODELS / "eagle-llama4-tiny-1l"
+EAGLE1_3L = MODELS / "eagle-llama4-tiny-3l"
+EAGLE3 = MODELS / "eagle3-llama4-tiny"
+
+
+def toy_target_spec():
+    from actors.train.target import TargetSpec
+
+    return TargetSpec(
+        vocab_size=300, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64, intermediate_size_mlp=96, attention_chunk_size=8, max_position_embeddings=256,
+    )
+
+
+@pytest.fixture(scope="session")
+def toy_target():
+    from actors.train.target import build_model
+
+    torch.manual_seed(0)
+    return build_model(toy_target_spec(), seed=0).eval()
+
+
+@pytest.fixture(scope="session")
+def toy_heads(toy_target, tmp_path_factory):
+    """(target dir, {name: head dir}) with random EAGLE-1 (1 and 2 layers) and EAGLE-3 heads."""
+    from actors.eagle.checkpoint import save_head
+    from actors.train import heads
+
+    root = tmp_path_factory.mktemp("toy")
+    toy_target.save_pretrained(root / "target")
+    tcfg = toy_target.config.to_dict()
+    rows = torch.randint(0, 300, (4, 32), generator=torch.Generator().manual_seed(0))
+    out = {}
+    for name, cfg in {
+        "eagle1": heads.eagle1_config(tcfg, 1),
+        "eagle1_2l": heads.eagle1_config(tcfg, 2),
+        "eagle3": heads.eagle3_config(tcfg, [1, 2, 3], 128),
+    }.items():
+        spec = heads.build_head_spec(cfg)
+        d2t = heads.draft_vocab_from_counts(rows, 300, 128) if name == "eagle3" else None
+        head = heads.init_head(spec, toy_target, seed=1, d2t=d2t)
+        for p in head.parameters():  # random, but not the near-identity init: make every weight matter
+            if p.ndim >= 2 and p.requires_grad:
+                torch.nn.init.normal_(p, std=0.2)
+        save_head(head, root / name, cfg, dtype=torch.float32)
+        out[name] = root / name
+    return root / "target", out
