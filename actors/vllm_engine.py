@@ -50,8 +50,8 @@ def engine_kwargs(
         max_model_len=max_model_len,
         max_num_seqs=max_num_seqs,
         enable_prefix_caching=False,
-        enforce_eager=True,
-        disable_log_stats=False,  # keeps the vllm:spec_decode_* counters readable in-process  # no torch.compile warm-up: starts in seconds on CPU
+        enforce_eager=True,  # no torch.compile warm-up: starts in seconds on CPU
+        disable_log_stats=False,  # keeps vllm:spec_decode_* counters readable in-process
         seed=seed,
     )
     if speculative_config is not None:

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from actors.drafter.engine import DrafterEngine
+from actors.eagle.compat import check_head_fits_target, target_text_config
+from actors.eagle.spec import load_head_spec
 from actors.messages import DraftResult, DraftStatus, DraftStep
 
 logger = logging.getLogger(__name__)
@@ -27,6 +29,8 @@ class DrafterActor:
             import torch
 
             torch.set_num_threads(num_threads)
+        if target_dir is not None:
+            check_head_fits_target(load_head_spec(head_dir), target_text_config(target_dir))
         self.engine = DrafterEngine.from_checkpoint(head_dir, target_dir, max_model_len=max_model_len)
         self.head_dir = head_dir
         self.steps = 0
@@ -61,3 +65,28 @@ class DrafterActor:
 
     def ping(self) -> bool:
         return True
+
+
+def start_drafter_actor(
+    head_dir: str,
+    target_dir: str | None,
+    *,
+    name: str | None = None,
+    namespace: str | None = None,
+    num_cpus: float = 0,
+    num_gpus: float = 0,
+    resources: dict[str, float] | None = None,
+    max_model_len: int = 4096,
+    num_threads: int | None = 1,
+):
+    """A named ``DrafterActor`` on its own resources; returns its handle once the head is loaded."""
+    import ray
+
+    opts: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_concurrency": 1}
+    if name:
+        opts.update(name=name, namespace=namespace, lifetime=None)
+    if resources:
+        opts["resources"] = resources
+    handle = ray.remote(DrafterActor).options(**opts).remote(head_dir, target_dir, max_model_len, num_threads)
+    ray.get(handle.ping.remote())
+    return handle

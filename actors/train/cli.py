@@ -31,13 +31,13 @@ class HeadRecipe:
     num_layers: int = 1
     unroll: int = 1
     aux_layer_ids: tuple[int, ...] = ()
-    draft_vocab_size: int = 0
+    draft_vocab_fraction: float = 0.5  # EAGLE-3 draft vocabulary, as a fraction of the target's
 
 
 HEAD_RECIPES = [
     HeadRecipe("eagle-llama4-tiny-1l", "eagle", num_layers=1),
     HeadRecipe("eagle-llama4-tiny-3l", "eagle", num_layers=3),
-    HeadRecipe("eagle3-llama4-tiny", "eagle3", unroll=3, aux_layer_ids=(1, 2, 3), draft_vocab_size=2048),
+    HeadRecipe("eagle3-llama4-tiny", "eagle3", unroll=3, aux_layer_ids=(1, 2, 3)),
 ]
 
 
@@ -106,7 +106,7 @@ def _head_card(recipe: HeadRecipe, cfg: dict, train: heads.HeadTrainSpec, loss: 
         kind = (
             "EAGLE-3 head in vLLM's `Eagle3LlamaForCausalLM` layout: `fc` fuses target layers "
             f"{list(recipe.aux_layer_ids)} (`eagle_aux_hidden_state_layer_ids`), `midlayer` (q/k/v take 2H), "
-            f"`norm`, `lm_head` over a {recipe.draft_vocab_size}-token draft vocabulary with `d2t` / `t2d` maps; "
+            f"`norm`, `lm_head` over a {cfg['draft_vocab_size']}-token draft vocabulary with `d2t` / `t2d` maps; "
             "embed_tokens shared with the target. Trained per the EAGLE-3 paper: token loss with "
             f"training-time test over {recipe.unroll} steps."
         )
@@ -136,7 +136,8 @@ def run_heads(args: argparse.Namespace) -> list[Path]:
         if r.method == "eagle":
             configs[r.name] = heads.eagle1_config(target_cfg, r.num_layers)
         else:
-            configs[r.name] = heads.eagle3_config(target_cfg, list(r.aux_layer_ids), r.draft_vocab_size)
+            draft_vocab = int(target_cfg["vocab_size"] * r.draft_vocab_fraction)
+            configs[r.name] = heads.eagle3_config(target_cfg, list(r.aux_layer_ids), draft_vocab)
     tgt = target.load_target(target_dir)
     tok = corpus.Tokenizer.from_file(str(target_dir / "tokenizer.json"))
     train_files, _ = corpus.split_files(Path(args.corpus), seed=args.seed)

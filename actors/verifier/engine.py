@@ -28,3 +28,15 @@ def verifier_kwargs(
     kwargs = engine_kwargs(target, speculative_config=speculative_config, **engine)
     kwargs.update(worker_cls=WORKER_CLS, additional_config=additional, async_scheduling=False)
     return kwargs
+
+
+def make_verifier_llm(
+    target: str, speculative_config: dict[str, Any], draft_client: dict[str, Any], **engine: Any
+):
+    """An offline ``vllm.LLM`` verifier (tests, benchmarks); the Serve deployment uses the async engine."""
+    from actors.vllm_engine import set_cpu_env
+
+    set_cpu_env(engine.get("tensor_parallel_size", 1))
+    from vllm import LLM
+
+    return LLM(**verifier_kwargs(target, speculative_config, draft_client, **engine))

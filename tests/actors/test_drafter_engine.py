@@ -21,7 +21,7 @@ def reference_drafts(head, ids, hidden, k):
         n = len(ids)
         pos = torch.arange(n)
 
-        def attend(layer, q, kk, v, positions, n=n):
+        def attend(layer, q, kk, v, positions, n=n, pos=pos):
             m = torch.tril(torch.ones(n, n, dtype=torch.bool))
             c = head.layers[layer].self_attn.chunk_size
             if c:

