@@ -16,22 +16,28 @@ WORKER_CLS = "actors.verifier.worker.RemoteDraftWorker"
 
 def verifier_kwargs(
     target: str,
-    speculative_config: dict[str, Any],
-    draft_client: dict[str, Any],
+    speculative_config: dict[str, Any] | None,
+    draft_client: dict[str, Any] | None,
     **engine: Any,
 ) -> dict[str, Any]:
-    """Keyword arguments for ``vllm.LLM`` / ``AsyncEngineArgs`` (on top of ``actors.vllm_engine.engine_kwargs``)."""
+    """Keyword arguments for ``vllm.LLM`` / ``AsyncEngineArgs`` (on top of ``actors.vllm_engine.engine_kwargs``).
+
+    ``draft_client=None`` keeps vLLM's own drafter (or none), with the worker's step timing: the baselines.
+    """
     from actors.vllm_engine import engine_kwargs
 
     additional = dict(engine.pop("additional_config", None) or {})
-    additional[CONFIG_KEY] = {"draft_client": dict(draft_client)}
+    if draft_client is None:
+        additional[CONFIG_KEY] = {"remote_drafter": False}
+    else:
+        additional[CONFIG_KEY] = {"draft_client": dict(draft_client)}
     kwargs = engine_kwargs(target, speculative_config=speculative_config, **engine)
     kwargs.update(worker_cls=WORKER_CLS, additional_config=additional, async_scheduling=False)
     return kwargs
 
 
 def make_verifier_llm(
-    target: str, speculative_config: dict[str, Any], draft_client: dict[str, Any], **engine: Any
+    target: str, speculative_config: dict[str, Any] | None, draft_client: dict[str, Any] | None, **engine: Any
 ):
     """An offline ``vllm.LLM`` verifier (tests, benchmarks); the Serve deployment uses the async engine."""
     from actors.vllm_engine import set_cpu_env

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from typing import Any
 
 from vllm.platforms import current_platform
@@ -22,7 +23,7 @@ else:  # pragma: no cover - GPU
     from vllm.v1.worker.gpu_worker import Worker as _PlatformWorker
 
 from actors.verifier.client import build_client
-from actors.verifier.proposer import RemoteEagleProposer
+from actors.verifier.proposer import ProposerState, RemoteEagleProposer
 
 CONFIG_KEY = "eagle_cluster"
 
@@ -36,16 +37,38 @@ def _ensure_ray(namespace: str | None) -> None:
 
 
 class RemoteDraftWorker(_PlatformWorker):
+    """The platform worker plus the remote proposer, and a time split of each step (for benchmarks)."""
+
+    _forward_ms: list[float]
+    _sample_ms: list[float]
+
+    def execute_model(self, *args: Any, **kwargs: Any):
+        start = time.perf_counter()
+        try:
+            return super().execute_model(*args, **kwargs)
+        finally:
+            self._forward_ms.append((time.perf_counter() - start) * 1e3)
+
+    def sample_tokens(self, *args: Any, **kwargs: Any):
+        start = time.perf_counter()
+        try:
+            return super().sample_tokens(*args, **kwargs)
+        finally:
+            self._sample_ms.append((time.perf_counter() - start) * 1e3)
+
     def init_device(self) -> None:
+        self._forward_ms, self._sample_ms = [], []
         super().init_device()
         runner = self.model_runner
         cfg: dict[str, Any] = (self.vllm_config.additional_config or {}).get(CONFIG_KEY, {})
+        if not cfg.get("remote_drafter", True):
+            return  # timing only: vLLM's own drafter (colocated) or none (target-only), for benchmarks
         if self.vllm_config.speculative_config is None or not hasattr(runner, "drafter"):
+            if getattr(runner, "speculator", None) is not None:
+                raise RuntimeError(
+                    "eagle_cluster verifier: vLLM's model runner V2 is active; set VLLM_USE_V2_MODEL_RUNNER=0"
+                )
             raise RuntimeError("eagle_cluster verifier: the engine needs an EAGLE / EAGLE-3 speculative_config")
-        if getattr(runner, "speculator", None) is not None and not hasattr(runner, "drafter"):
-            raise RuntimeError(
-                "eagle_cluster verifier: vLLM's model runner V2 is active; set VLLM_USE_V2_MODEL_RUNNER=0"
-            )
         pc = self.vllm_config.parallel_config
         is_driver = self.rank % (pc.tensor_parallel_size * pc.pipeline_parallel_size) == 0
         client = None
@@ -56,19 +79,23 @@ class RemoteDraftWorker(_PlatformWorker):
         runner.drafter = RemoteEagleProposer(self.vllm_config, self.device, runner, client, is_driver)
 
     def eagle_cluster_stats(self) -> dict[str, Any]:
-        drafter = self.model_runner.drafter
-        if not isinstance(drafter, RemoteEagleProposer):
-            raise RuntimeError("eagle_cluster verifier: the remote proposer is not installed")
-        st = drafter.state
+        drafter = getattr(self.model_runner, "drafter", None)
+        st = drafter.state if isinstance(drafter, RemoteEagleProposer) else ProposerState()
         return {
-            "is_driver": drafter.is_driver,
+            "remote": isinstance(drafter, RemoteEagleProposer),
+            "is_driver": drafter.is_driver if isinstance(drafter, RemoteEagleProposer) else self.rank == 0,
             "steps": st.steps,
             "failures": st.failures,
             "timings": [dataclasses.asdict(t) for t in st.timings],
             "per_request": {k: dataclasses.asdict(v) for k, v in st.per_request.items()},
+            "forward_ms": list(self._forward_ms),  # execute_model: the target forward
+            "sample_ms": list(self._sample_ms),  # sample_tokens: rejection sampling + propose
         }
 
     def eagle_cluster_reset_stats(self) -> None:
-        drafter = self.model_runner.drafter
-        drafter.state.timings.clear()
-        drafter.state.per_request.clear()
+        drafter = getattr(self.model_runner, "drafter", None)
+        if isinstance(drafter, RemoteEagleProposer):
+            drafter.state.timings.clear()
+            drafter.state.per_request.clear()
+        self._forward_ms.clear()
+        self._sample_ms.clear()

@@ -1,0 +1,2 @@
+"""Eagle Cluster's composition layer: it composes ``actors/`` into something people run (``actors`` never imports
+from here)."""
