@@ -2,7 +2,7 @@
 
 Floor: 2.0 mean acceptance length for the one-layer EAGLE-1 head and the EAGLE-3 head (the issue's goal;
 ``python -m benchmarks.colocated_acceptance`` records the real figures on 30 prompts x 128 tokens, 2.5-2.8),
-1.8 for the three-layer EAGLE-1 head. Here: 8 held-out prompts x 64 tokens, so a little noisier.
+for every head (the three-layer EAGLE-1 head measures 2.83). Here: 8 held-out prompts x 64 tokens, so a little noisier.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from actors.eagle.spec import DraftMethod
 from tests.actors import vllm_helpers as vh
 from tests.conftest import EAGLE1, EAGLE1_3L, EAGLE3, MODELS, TARGET
 
-HEADS = {EAGLE1: ("eagle", 2.0), EAGLE1_3L: ("eagle", 1.8), EAGLE3: ("eagle3", 2.0)}
+HEADS = {EAGLE1: ("eagle", 2.0), EAGLE1_3L: ("eagle", 2.0), EAGLE3: ("eagle3", 2.0)}
 
 
 def test_shipped_models_are_small_and_documented():
