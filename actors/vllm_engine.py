@@ -56,6 +56,9 @@ def engine_kwargs(
     )
     if speculative_config is not None:
         kwargs["speculative_config"] = dict(speculative_config)
+    # Our worker class without the remote drafter: vLLM's own path plus the CPU fix in actors.vllm_fixes.
+    kwargs["worker_cls"] = "actors.verifier.worker.RemoteDraftWorker"
+    kwargs["additional_config"] = {"eagle_cluster": {"remote_drafter": False}}
     kwargs.update(overrides)
     return kwargs
 

@@ -1,5 +1,8 @@
 """The vLLM worker class for the verifier (``worker_cls``): the platform's worker, with the remote proposer.
 
+Every engine this project builds uses it (baselines too, with ``remote_drafter: False``), so that all of them
+get the same CPU kernel fix (``actors.vllm_fixes``) and the same per-step timing.
+
 ``init_device`` builds the model runner as usual, then replaces ``model_runner.drafter`` before
 ``load_model`` runs, so no draft weights are ever loaded here. The drafter client comes from
 ``additional_config["eagle_cluster"]["draft_client"]`` (see ``actors.verifier.client.build_client``).
@@ -22,6 +25,7 @@ if current_platform.is_cpu():
 else:  # pragma: no cover - GPU
     from vllm.v1.worker.gpu_worker import Worker as _PlatformWorker
 
+from actors import vllm_fixes
 from actors.verifier.client import build_client
 from actors.verifier.proposer import ProposerState, RemoteEagleProposer
 
@@ -55,6 +59,10 @@ class RemoteDraftWorker(_PlatformWorker):
             return super().sample_tokens(*args, **kwargs)
         finally:
             self._sample_ms.append((time.perf_counter() - start) * 1e3)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        vllm_fixes.apply()
+        super().__init__(*args, **kwargs)
 
     def init_device(self) -> None:
         self._forward_ms, self._sample_ms = [], []

