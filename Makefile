@@ -19,7 +19,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -x -q tests
+	$(PY) -m tests.run_isolated
 
 models: $(STAMP)
 	$(PY) -m actors.train.cli all --out models

@@ -74,3 +74,26 @@ def from_vllm_metrics(metrics) -> SpecDecodeStats:
         elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
             stats.accepted_per_pos = [int(v) for v in m.values]
     return stats
+
+
+def from_prometheus_text(text: str) -> SpecDecodeStats:
+    """Read the counters from vLLM's Prometheus exposition (``/metrics``), summed over label sets."""
+    stats = SpecDecodeStats()
+    per_pos: dict[int, int] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:spec_decode_"):
+            continue
+        name_labels, _, value = line.rpartition(" ")
+        name, _, labels = name_labels.partition("{")
+        v = int(float(value))
+        if name == "vllm:spec_decode_num_drafts_total":
+            stats.num_drafts += v
+        elif name == "vllm:spec_decode_num_draft_tokens_total":
+            stats.num_draft_tokens += v
+        elif name == "vllm:spec_decode_num_accepted_tokens_total":
+            stats.num_accepted_tokens += v
+        elif name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
+            pos = int(labels.split('position="')[1].split('"')[0])
+            per_pos[pos] = per_pos.get(pos, 0) + v
+    stats.accepted_per_pos = [per_pos.get(i, 0) for i in range(max(per_pos) + 1)] if per_pos else []
+    return stats

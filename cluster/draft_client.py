@@ -1,0 +1,35 @@
+"""``ServeDraftClient``: the verifier's ``DraftClient`` over the drafter deployment's Serve handle.
+
+Runs inside vLLM's engine process (named by import path in ``additional_config``, so ``actors/`` never imports
+Serve). The hidden states are put once into the object store; the handle call carries the ``ObjectRef``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from actors.messages import DraftResult, DraftStep
+from actors.verifier.client import ProposeTiming, hidden_to_numpy
+
+
+class ServeDraftClient:
+    def __init__(self, app_name: str, deployment_name: str, namespace: str | None = None,
+                 timeout_s: float = 10.0) -> None:
+        from ray import serve
+
+        self.handle = serve.get_deployment_handle(deployment_name, app_name=app_name)
+        self.timeout_s = timeout_s
+
+    def propose(self, step: DraftStep, hidden: torch.Tensor) -> tuple[DraftResult, ProposeTiming]:
+        import ray
+
+        t0 = time.perf_counter()
+        array, step.hidden_dtype = hidden_to_numpy(hidden)
+        ref = ray.put(array)
+        t1 = time.perf_counter()
+        packed = self.handle.propose.remote(step.pack(), ref).result(timeout_s=self.timeout_s)
+        t2 = time.perf_counter()
+        result = DraftResult.unpack(packed)
+        return result, ProposeTiming((t1 - t0) * 1e3, (t2 - t1) * 1e3 - result.compute_ms, result.compute_ms)

@@ -1,0 +1,43 @@
+"""The drafter deployment: a Ray Serve replica around ``actors.drafter.engine.DrafterEngine``.
+
+Undecorated (``cluster.app`` makes it a deployment with the configured resources and autoscaling). The verifier's
+``RemoteEagleProposer`` reaches it through ``cluster.draft_client.ServeDraftClient``: a packed ``DraftStep`` and
+the ``ObjectRef`` of the step's hidden states in, a packed ``DraftResult`` out. Health reflects real health: the
+head is loaded and answers a one-token draft.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from actors.drafter.actor import DrafterActor
+from actors.messages import DraftStep, SeqSlice
+
+
+class DrafterServer:
+    def __init__(self, head_dir: str, target_dir: str, max_model_len: int = 4096, num_threads: int = 1) -> None:
+        self.actor = DrafterActor(head_dir, target_dir, max_model_len=max_model_len, num_threads=num_threads)
+
+    async def propose(self, step_bytes: bytes, hidden: Any) -> bytes:
+        import ray
+
+        if isinstance(hidden, ray.ObjectRef):  # Serve passes refs through unresolved
+            hidden = await hidden
+        return self.actor.propose(step_bytes, hidden)
+
+    async def stats(self) -> dict[str, Any]:
+        return self.actor.stats()
+
+    async def free(self, req_ids: list[str]) -> int:
+        return self.actor.free(req_ids)
+
+    async def check_health(self) -> None:
+        spec = self.actor.engine.spec
+        probe = DraftStep(-1, 1, [SeqSlice("__health__", 0, 1, 0)], np.zeros(1, np.int32))
+        hidden = np.zeros((1, spec.fused_hidden_size), np.float32)
+        drafts = self.actor.engine.propose(probe, hidden).draft_token_ids
+        self.actor.engine.free(["__health__"])
+        if drafts.shape != (1, 1):
+            raise RuntimeError(f"drafter unhealthy: probe drafted shape {drafts.shape}")

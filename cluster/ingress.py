@@ -1,0 +1,239 @@
+"""The ingress deployment: OpenAI-compatible HTTP, gRPC (``deploy/eagle_cluster.proto``) and Python handle calls.
+
+It validates every request into vLLM's own protocol models (``CompletionRequest``, ``ChatCompletionRequest``),
+so a bad request is answered here with a 4xx and a reason and never reaches the engine; then it forwards the
+typed request to the verifier deployment (whose handle it is given) and relays the answer, as JSON or as
+server-sent events. Client bytes are only ever parsed as JSON or protobuf, never unpickled.
+
+    GET  /health               200 when the verifier's engine is alive, 503 otherwise
+    GET  /v1/models
+    POST /v1/completions       (stream: true -> SSE)
+    POST /v1/chat/completions  (chat template from the tokenizer)
+    GET  /metrics              Prometheus text: vLLM's metrics, vllm:spec_decode_* included
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+logger = logging.getLogger(__name__)
+
+app = FastAPI(title="Eagle Cluster", description="Llama 4 with disaggregated EAGLE speculative decoding")
+
+# Fields vLLM accepts but that this deployment does not serve (they would be silently ignored or need
+# features not enabled here): refused with 400 rather than dropped.
+UNSUPPORTED = {"suffix", "echo_with_logprobs", "kv_transfer_params", "vllm_xargs", "cache_salt"}
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 503: "ServiceUnavailable"}
+    return {"error": {"message": message, "type": kind.get(status, "Error"), "param": param, "code": status}}
+
+
+def parse_request(raw: bytes, model_cls: type) -> Any:
+    """JSON bytes -> a vLLM protocol object, or ``BadRequest`` naming the field and the reason."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadRequest(400, f"malformed JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(400, "the request body must be a JSON object")
+    known = set(model_cls.model_fields)
+    for key in body:
+        if key not in known:
+            raise BadRequest(400, f"unknown field {key!r}", key)
+        if key in UNSUPPORTED and body[key] not in (None, False):
+            raise BadRequest(400, f"field {key!r} is not supported by this deployment", key)
+    max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+        raise BadRequest(400, f"max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens")
+    try:
+        return model_cls.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        raise BadRequest(400, f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")), loc or None) from None
+
+
+class Ingress:
+    def __init__(self, verifier, config: dict[str, Any]) -> None:
+        from cluster.config import EagleClusterConfig
+
+        self.verifier = verifier
+        self.config = EagleClusterConfig.model_validate(config)
+        self.api_key = self.config.ingress.api_key
+        self.model_name = self.config.verifier.name
+
+    # --- HTTP ------------------------------------------------------------------------------------------------
+    def _authorized(self, request: Request) -> bool:
+        return self.api_key is None or request.headers.get("authorization") == f"Bearer {self.api_key}"
+
+    async def _relay(self, gen) -> Response:
+        first = None
+        async for kind, payload in gen:
+            first = (kind, payload)
+            break
+        if first is None:
+            return JSONResponse(error_body(500, "empty response from the verifier"), status_code=500)
+        kind, payload = first
+        if kind == "json":
+            return JSONResponse(payload["body"], status_code=payload["status"])
+
+        async def events() -> AsyncGenerator[str, None]:
+            yield payload
+            async for _, chunk in gen:
+                yield chunk
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def _openai(self, request: Request, model_cls: type, method: str) -> Response:
+        if not self._authorized(request):
+            return JSONResponse(error_body(401, "missing or wrong API key"), status_code=401)
+        try:
+            req = parse_request(await request.body(), model_cls)
+        except BadRequest as e:
+            return JSONResponse(error_body(e.status, e.message, e.param), status_code=e.status)
+        if req.model not in (None, self.model_name):
+            msg = f"model {req.model!r} is not served here (served: {self.model_name!r})"
+            return JSONResponse(error_body(404, msg, "model"), status_code=404)
+        gen = getattr(self.verifier.options(stream=True), method).remote(req)
+        try:
+            return await self._relay(gen)
+        except Exception as e:  # the verifier died or is restarting
+            logger.warning("verifier call failed: %s", e)
+            return JSONResponse(error_body(503, f"verifier unavailable: {type(e).__name__}"), status_code=503)
+
+    @app.post("/v1/completions")
+    async def http_completions(self, request: Request) -> Response:
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+        return await self._openai(request, CompletionRequest, "completions")
+
+    @app.post("/v1/chat/completions")
+    async def http_chat(self, request: Request) -> Response:
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        return await self._openai(request, ChatCompletionRequest, "chat")
+
+    @app.get("/v1/models")
+    async def http_models(self, request: Request) -> Response:
+        if not self._authorized(request):
+            return JSONResponse(error_body(401, "missing or wrong API key"), status_code=401)
+        return JSONResponse(await self.verifier.models.remote())
+
+    @app.get("/health")
+    async def http_health(self) -> Response:
+        try:
+            await self.verifier.check_health.remote()
+        except Exception as e:
+            return JSONResponse({"status": "unhealthy", "reason": str(e)[:200]}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def http_metrics(self) -> Response:
+        return PlainTextResponse(await self.verifier.metrics.remote(), media_type="text/plain; version=0.0.4")
+
+    # --- Python handle calls ----------------------------------------------------------------------------------
+    async def generate(self, prompt: str, **sampling: Any) -> dict[str, Any]:
+        """``serve.get_app_handle(app).generate.remote("def f(", max_tokens=16)`` -> an OpenAI completion dict."""
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+        req = parse_request(json.dumps({"prompt": prompt, **sampling, "stream": False}).encode(), CompletionRequest)
+        async for _kind, payload in self.verifier.options(stream=True).completions.remote(req):
+            if payload["status"] != 200:
+                raise ValueError(payload["body"]["error"]["message"])
+            return payload["body"]
+        raise RuntimeError("empty response from the verifier")
+
+    async def _stream(self, prompt: str, sampling: dict[str, Any]) -> AsyncGenerator[tuple[str, str], None]:
+        """(new text, finish reason or "") for each streamed chunk."""
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+        req = parse_request(json.dumps({"prompt": prompt, **sampling, "stream": True}).encode(), CompletionRequest)
+        async for kind, payload in self.verifier.options(stream=True).completions.remote(req):
+            if kind == "json":
+                raise ValueError(payload["body"]["error"]["message"])
+            for line in payload.splitlines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    choices = json.loads(line[len("data: ") :])["choices"]
+                    if choices:
+                        yield choices[0].get("text") or "", choices[0].get("finish_reason") or ""
+
+    async def generate_stream(self, prompt: str, **sampling: Any) -> AsyncGenerator[str, None]:
+        """``handle.options(stream=True).generate_stream.remote(prompt, ...)``: yields the new text pieces."""
+        async for text, _ in self._stream(prompt, sampling):
+            if text:
+                yield text
+
+    # --- gRPC (method names are the RPC names) ----------------------------------------------------------------
+    def _grpc_request(self, request, grpc_context) -> dict[str, Any]:
+        import grpc
+
+        if self.api_key is not None:
+            meta = dict(grpc_context.invocation_metadata())
+            if meta.get("authorization") != f"Bearer {self.api_key}":
+                grpc_context.set_code(grpc.StatusCode.UNAUTHENTICATED)
+                grpc_context.set_details("missing or wrong API key")
+                raise BadRequest(401, "missing or wrong API key")
+        sampling: dict[str, Any] = {"max_tokens": request.max_tokens or 16, "temperature": request.temperature}
+        if request.top_p:
+            sampling["top_p"] = request.top_p
+        if request.HasField("seed"):
+            sampling["seed"] = request.seed
+        if request.stop:
+            sampling["stop"] = list(request.stop)
+        if not request.prompt:
+            grpc_context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
+            grpc_context.set_details("prompt: must not be empty")
+            raise BadRequest(400, "prompt: must not be empty")
+        return sampling
+
+    async def Generate(self, request, grpc_context):  # noqa: N802 - the RPC's name
+        import grpc
+
+        from cluster.proto import eagle_cluster_pb2 as pb
+
+        try:
+            sampling = self._grpc_request(request, grpc_context)
+            out = await self.generate(request.prompt, **sampling)
+        except BadRequest:
+            return pb.GenerateReply()
+        except ValueError as e:
+            grpc_context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
+            grpc_context.set_details(str(e))
+            return pb.GenerateReply()
+        choice = out["choices"][0]
+        usage = out.get("usage") or {}
+        return pb.GenerateReply(
+            text=choice["text"], finish_reason=choice.get("finish_reason") or "",
+            prompt_tokens=usage.get("prompt_tokens", 0), completion_tokens=usage.get("completion_tokens", 0),
+        )
+
+    async def GenerateStream(self, request, grpc_context):  # noqa: N802 - the RPC's name
+        import grpc
+
+        from cluster.proto import eagle_cluster_pb2 as pb
+
+        try:
+            sampling = self._grpc_request(request, grpc_context)
+            async for text, finish in self._stream(request.prompt, sampling):
+                if text or finish:
+                    yield pb.GenerateReply(text=text, finish_reason=finish)
+        except BadRequest:
+            return
+        except ValueError as e:
+            grpc_context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
+            grpc_context.set_details(str(e))

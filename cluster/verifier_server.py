@@ -1,0 +1,109 @@
+"""The verifier deployment: vLLM's ``AsyncLLM`` for the target, with drafting delegated to the drafter pool, and
+vLLM's own OpenAI serving objects (completions, chat, models) on top of it.
+
+Undecorated; ``cluster.app`` binds it with a placement group of ``tensor_parallel_size`` bundles (the replica
+runs in bundle 0). The ingress calls ``completions`` / ``chat`` with a request already validated into vLLM's
+protocol models; both are async generators of ``(kind, payload)``: ``("json", dict)`` once for a whole
+response or an error (with its HTTP status), or ``("sse", str)`` for each server-sent event when streaming.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from cluster.config import EagleClusterConfig
+
+logger = logging.getLogger(__name__)
+
+
+def vllm_cli_args(model: str, served_model_name: str) -> Any:
+    """The ``vllm serve`` argument namespace vLLM's serving objects read (defaults, plus the model names)."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser())
+    return parser.parse_args(["--model", model, "--served-model-name", served_model_name])
+
+
+class VerifierServer:
+    async def __init__(self, config: dict[str, Any], drafter) -> None:
+        """``drafter``: the drafter deployment's handle. vLLM's engine runs in its own process, so it gets the
+        handle's (application, deployment) names and opens its own handle there."""
+        from starlette.datastructures import State
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from actors.verifier.engine import verifier_kwargs
+        from actors.vllm_engine import set_cpu_env
+
+        cfg = EagleClusterConfig.model_validate(config)
+        v = cfg.verifier
+        set_cpu_env(v.tensor_parallel_size, in_process=False)
+        client = {
+            "client": "cluster.draft_client:ServeDraftClient",
+            "app_name": drafter.app_name,
+            "deployment_name": drafter.deployment_name,
+            "timeout_s": cfg.drafter.timeout_s,
+        }
+        engine = dict(v.engine_kwargs)
+        if v.accelerator == "gpu" and v.tensor_parallel_size > 1:
+            engine.setdefault("distributed_executor_backend", "ray")  # TP workers in this replica's bundles
+        kwargs = verifier_kwargs(
+            v.model,
+            cfg.speculative_config.for_vllm(),
+            client,
+            tensor_parallel_size=v.tensor_parallel_size,
+            max_model_len=v.max_model_len,
+            max_num_seqs=v.max_num_seqs,
+            served_model_name=v.name,
+            **engine,
+        )
+        self.config = cfg
+        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        self.state = State()
+        tasks = await self.engine.get_supported_tasks()
+        await init_app_state(self.engine, self.state, vllm_cli_args(v.model, v.name), tasks)
+        self.max_model_len = v.max_model_len
+
+    async def _run(self, coro) -> AsyncGenerator[tuple[str, Any], None]:
+        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+
+        result = await coro
+        if isinstance(result, ErrorResponse):
+            yield "json", {"status": result.error.code, "body": result.model_dump()}
+        elif hasattr(result, "model_dump"):
+            yield "json", {"status": 200, "body": result.model_dump(exclude_none=True)}
+        else:
+            async for chunk in result:
+                yield "sse", chunk
+
+    async def completions(self, request) -> AsyncGenerator[tuple[str, Any], None]:
+        async for item in self._run(self.state.openai_serving_completion.create_completion(request)):
+            yield item
+
+    async def chat(self, request) -> AsyncGenerator[tuple[str, Any], None]:
+        async for item in self._run(self.state.openai_serving_chat.create_chat_completion(request)):
+            yield item
+
+    async def models(self) -> dict[str, Any]:
+        return (await self.state.openai_serving_models.show_available_models()).model_dump()
+
+    async def metrics(self) -> str:
+        """Prometheus text of this replica: vLLM's metrics (``vllm:spec_decode_*`` among them)."""
+        from prometheus_client import REGISTRY, generate_latest
+
+        return generate_latest(REGISTRY).decode()
+
+    async def spec_stats(self) -> dict[str, Any]:
+        """The proposer's counters: drafter failures, steps, per-request acceptance (vLLM's names)."""
+        rpc = await self.engine.collective_rpc("eagle_cluster_stats")
+        driver = next(r for r in rpc if r["is_driver"])
+        return {k: driver[k] for k in ("steps", "failures", "per_request")}
+
+    async def check_health(self) -> None:
+        await self.engine.check_health()
+        if self.engine.errored:
+            raise RuntimeError("vLLM engine errored")

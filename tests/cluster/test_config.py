@@ -1,0 +1,100 @@
+"""Every YAML in deploy/ validates (GPU ones without running); bad configs are refused naming the field."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from cluster.config import EagleClusterConfig
+from tests.conftest import EAGLE1, EAGLE3, ROOT, TARGET
+
+YAMLS = sorted((ROOT / "deploy").glob("*.yaml"))
+CPU = {
+    "verifier": {"model": str(TARGET)},
+    "speculative_config": {"method": "eagle3", "model": str(EAGLE3), "num_speculative_tokens": 3},
+}
+
+
+def app_args(path: Path) -> dict:
+    doc = yaml.safe_load(path.read_text())
+    (app,) = doc["applications"]
+    assert app["import_path"] == "cluster.app:build_app"
+    return app["args"]
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
+def test_deploy_yaml_validates(path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    cfg = EagleClusterConfig.model_validate(app_args(path))
+    assert cfg.speculative_config.num_speculative_tokens >= 1
+
+
+def test_there_are_cpu_and_gpu_configs():
+    kinds = {EagleClusterConfig.model_validate(app_args(p)).verifier.accelerator for p in YAMLS}
+    assert kinds == {"cpu", "gpu"}
+    tp = {p.name: EagleClusterConfig.model_validate(app_args(p)).verifier.tensor_parallel_size for p in YAMLS}
+    assert tp["llama4-scout-eagle-tp4.yaml"] == 4 and tp["llama4-maverick-eagle3-tp8.yaml"] == 8
+
+
+def test_seed_json_pastes_as_is():
+    """Seed PR #20591's speculative JSON, with its `prefill_token_shift`, which this vLLM no longer has."""
+    args = copy.deepcopy(CPU)
+    args["speculative_config"] = {"method": "eagle", "model": str(EAGLE1), "prefill_token_shift": False,
+                                  "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1, "max_model_len": 1024}
+    cfg = EagleClusterConfig.model_validate(args)
+    assert "prefill_token_shift" not in cfg.speculative_config.for_vllm()
+
+
+def _error(args) -> str:
+    with pytest.raises(ValidationError) as e:
+        EagleClusterConfig.model_validate(args)
+    return str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "expect"),
+    [
+        (("speculative_config", "num_speculative_tokens"), 0, "speculative_config.num_speculative_tokens"),
+        (("speculative_config", "method"), "medusa", "speculative_config.method"),
+        (("speculative_config", "typo_key"), 1, "unknown key 'typo_key'"),
+        (("verifier", "tensor_parallel_size"), 3, "tensor_parallel_size: 3 does not divide the target's 8"),
+        (("verifier", "max_num_seqs"), -1, "verifier.max_num_seqs"),
+        (("verifier", "nonsense"), 1, "verifier.nonsense"),
+        (("drafter", "num_gpus"), -1, "drafter.num_gpus"),
+        (("speculative_config", "method"), "eagle", "but"),  # an EAGLE-3 head declared as EAGLE
+    ],
+)
+def test_bad_config_names_the_field(path, value, expect):
+    args = copy.deepcopy(CPU)
+    args.setdefault(path[0], {})[path[1]] = value
+    assert expect in _error(args)
+
+
+def test_drafter_for_another_target(toy_heads):
+    _, heads = toy_heads
+    args = copy.deepcopy(CPU)
+    args["speculative_config"] = {"method": "eagle", "model": str(heads["eagle1"]), "num_speculative_tokens": 3}
+    msg = _error(args)
+    assert "speculative_config.model" in msg and "vocab_size 300 != the target's vocab_size 4096" in msg
+
+
+def test_autoscaling_and_fixed_replicas_exclusive():
+    args = copy.deepcopy(CPU)
+    args["drafter"] = {"num_replicas": 2, "autoscaling_config": {"min_replicas": 1, "max_replicas": 2}}
+    assert "not both" in _error(args)
+    args["drafter"] = {"autoscaling_config": {"min_replicas": 3, "max_replicas": 2}}
+    assert "min_replicas 3 > max_replicas 2" in _error(args)
+
+
+def test_grpc_stubs_are_current(tmp_path):
+    from grpc_tools import protoc
+
+    rc = protoc.main(["protoc", f"-Icluster/proto={ROOT / 'deploy'}", f"--python_out={tmp_path}",
+                      f"--grpc_python_out={tmp_path}", "cluster/proto/eagle_cluster.proto"])
+    assert rc == 0
+    for name in ("eagle_cluster_pb2.py", "eagle_cluster_pb2_grpc.py"):
+        assert (tmp_path / "cluster/proto" / name).read_text() == (ROOT / "cluster/proto" / name).read_text(), name

@@ -1,0 +1,188 @@
+"""The CPU default served for real: `serve run deploy/cpu.yaml`, then the `openai` client, a grpcio stub built
+from the proto, and Python handle calls against it; bad input gets a 4xx with a reason and the server stays up."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+HTTP = "http://127.0.0.1:8000"
+GRPC = "127.0.0.1:9000"
+MODEL = "llama4-tiny"
+
+
+def _get(path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(HTTP + path, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _post(path: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json", **(headers or {})}
+    req = urllib.request.Request(HTTP + path, data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.fixture(scope="module")
+def server():
+    env = {**os.environ, "RAY_DEDUP_LOGS": "0"}
+    proc = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "serve"), "run", "deploy/cpu.yaml"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    deadline = time.time() + 600
+    try:
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError("serve run exited:\n" + proc.stdout.read().decode()[-5000:])
+            try:
+                if _get("/health", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(2)
+        else:
+            raise TimeoutError("the app did not become healthy in 600 s")
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=HTTP + "/v1", api_key="unused")
+
+
+def test_models_and_health(client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert _get("/health")[0] == 200
+
+
+def test_completion_greedy_matches_vllm_target_only(client):
+    """Served through the cluster (EAGLE-3 drafter pool) == vLLM target-only, token for token (greedy)."""
+    prompt = "def fibonacci(n):\n"
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=32, temperature=0)
+    assert out.usage.completion_tokens == 32 or out.choices[0].finish_reason == "stop"
+    from vllm import SamplingParams
+
+    from tests.actors import vllm_helpers as vh
+
+    ref, _ = vh.target_only([prompt], SamplingParams(max_tokens=32, temperature=0))
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(ROOT / "models/llama4-tiny")
+    assert out.choices[0].text == tok.decode(ref[0])
+
+
+def test_streaming_completion(client):
+    pieces = [c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt="class Stack:\n", max_tokens=24, temperature=0, stream=True) if c.choices]
+    whole = client.completions.create(model=MODEL, prompt="class Stack:\n", max_tokens=24, temperature=0)
+    assert len(pieces) > 1 and "".join(pieces) == whole.choices[0].text
+
+
+def test_chat_completion_and_stream(client):
+    msgs = [{"role": "user", "content": "import os"}]
+    out = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=0)
+    assert out.choices[0].message.role == "assistant" and out.usage.completion_tokens > 0
+    chunks = list(client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=0,
+                                                 stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == out.choices[0].message.content
+
+
+def test_metrics_have_spec_decode_counters(client):
+    client.completions.create(model=MODEL, prompt="def f(x):\n", max_tokens=16, temperature=0)
+    status, body = _get("/metrics")
+    text = body.decode()
+    assert status == 200
+    for name in ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_per_pos"):
+        assert name in text
+    drafts = [ln for ln in text.splitlines() if ln.startswith("vllm:spec_decode_num_drafts_total")]
+    assert drafts and float(drafts[0].split()[-1]) > 0
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"{not json", "malformed JSON"),
+        (b"[1, 2]", "JSON object"),
+        (json.dumps({"prompt": "x", "max_tokens": 0}).encode(), "max_tokens"),
+        (json.dumps({"prompt": "x", "max_tokens": -5}).encode(), "max_tokens"),
+        (json.dumps({"prompt": "x", "max_tokens": "ten"}).encode(), "max_tokens"),
+        (json.dumps({"prompt": "x", "bogus_field": 1}).encode(), "unknown field 'bogus_field'"),
+        (json.dumps({"prompt": "x", "temperature": "hot"}).encode(), "temperature"),
+        (json.dumps({"prompt": "x", "max_tokens": 5000}).encode(), "context"),
+        (json.dumps({"prompt": "def f():\n" * 400, "max_tokens": 4}).encode(), "context"),
+        (json.dumps({"prompt": [99999999], "max_tokens": 4}).encode(), "token"),
+        (json.dumps({"prompt": "x", "suffix": "y"}).encode(), "suffix"),
+        (json.dumps({"model": "gpt-5", "prompt": "x"}).encode(), "not served"),
+    ],
+)
+def test_bad_http_input_gets_4xx_with_reason(server, body, reason):
+    status, out = _post("/v1/completions", body)
+    assert 400 <= status < 500, out
+    assert reason.lower() in json.dumps(out).lower(), out
+
+
+def test_server_stays_up_after_bad_input(client):
+    for _ in range(3):
+        _post("/v1/completions", b"{broken")
+    out = client.completions.create(model=MODEL, prompt="x = ", max_tokens=4, temperature=0)
+    assert out.usage.completion_tokens == 4
+
+
+def test_grpc_generate_and_stream(server):
+    import grpc
+
+    from cluster.proto import eagle_cluster_pb2 as pb
+    from cluster.proto import eagle_cluster_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(GRPC) as channel:
+        stub = pb_grpc.EagleClusterStub(channel)
+        meta = (("application", "eagle-cluster"),)
+        reply = stub.Generate(pb.GenerateRequest(prompt="def add(a, b):\n", max_tokens=12), metadata=meta)
+        assert reply.completion_tokens == 12 and reply.text
+        pieces = list(stub.GenerateStream(pb.GenerateRequest(prompt="def add(a, b):\n", max_tokens=12),
+                                          metadata=meta))
+        assert "".join(p.text for p in pieces) == reply.text
+        assert pieces[-1].finish_reason == "length"
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Generate(pb.GenerateRequest(prompt="", max_tokens=4), metadata=meta)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "prompt" in e.value.details()
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Generate(pb.GenerateRequest(prompt="x", max_tokens=100000), metadata=meta)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_python_handle_snippet_from_readme(server):
+    """Runs the README's handle snippet in a fresh interpreter connected to the running cluster."""
+    readme = (ROOT / "README.md").read_text()
+    snippet = readme.split("<!-- handle-snippet -->")[1].split("```python")[1].split("```")[0]
+    r = subprocess.run([sys.executable, "-c", snippet], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "completion:" in r.stdout and "streamed:" in r.stdout
