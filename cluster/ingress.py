@@ -29,7 +29,8 @@ app = FastAPI(title="Eagle Cluster", description="Llama 4 with disaggregated EAG
 
 # Fields vLLM accepts but that this deployment does not serve (they would be silently ignored or need
 # features not enabled here): refused with 400 rather than dropped.
-UNSUPPORTED = {"suffix", "echo_with_logprobs", "kv_transfer_params", "vllm_xargs", "cache_salt"}
+# min_p and logit_bias do not work with vLLM's speculative decoding (vLLM says so at start-up).
+UNSUPPORTED = {"suffix", "kv_transfer_params", "vllm_xargs", "cache_salt", "min_p", "logit_bias"}
 
 
 class BadRequest(Exception):
@@ -55,7 +56,7 @@ def parse_request(raw: bytes, model_cls: type) -> Any:
     for key in body:
         if key not in known:
             raise BadRequest(400, f"unknown field {key!r}", key)
-        if key in UNSUPPORTED and body[key] not in (None, False):
+        if key in UNSUPPORTED and body[key] not in (None, False, 0, 0.0, {}):
             raise BadRequest(400, f"field {key!r} is not supported by this deployment", key)
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):

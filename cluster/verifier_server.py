@@ -70,8 +70,16 @@ class VerifierServer:
 
     async def _run(self, coro) -> AsyncGenerator[tuple[str, Any], None]:
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+        from vllm.exceptions import VLLMClientError
 
-        result = await coro
+        try:
+            result = await coro
+        except (VLLMClientError, ValueError) as e:  # the request's fault (vLLM's validation): a 4xx
+            status = 404 if type(e).__name__ == "VLLMNotFoundError" else 400
+            yield "json", {"status": status, "body": {"error": {"message": str(e), "type": "BadRequestError",
+                                                                "param": getattr(e, "parameter", None),
+                                                                "code": status}}}
+            return
         if isinstance(result, ErrorResponse):
             yield "json", {"status": result.error.code, "body": result.model_dump()}
         elif hasattr(result, "model_dump"):

@@ -136,7 +136,7 @@ def test_metrics_have_spec_decode_counters(client):
         (json.dumps({"prompt": "x", "max_tokens": "ten"}).encode(), "max_tokens"),
         (json.dumps({"prompt": "x", "bogus_field": 1}).encode(), "unknown field 'bogus_field'"),
         (json.dumps({"prompt": "x", "temperature": "hot"}).encode(), "temperature"),
-        (json.dumps({"prompt": "x", "max_tokens": 5000}).encode(), "context"),
+        (json.dumps({"prompt": "x", "max_tokens": 5000}).encode(), "max_model_len"),
         (json.dumps({"prompt": "def f():\n" * 400, "max_tokens": 4}).encode(), "context"),
         (json.dumps({"prompt": [99999999], "max_tokens": 4}).encode(), "token"),
         (json.dumps({"prompt": "x", "suffix": "y"}).encode(), "suffix"),
