@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test models bench lint clean-venv
+.PHONY: demo serve test models bench lint clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) -m cluster.demo
+
+serve: $(STAMP)
+	$(VENV)/bin/serve run deploy/cpu.yaml
 
 test: $(STAMP)
 	$(PY) -m ruff check .

@@ -74,6 +74,7 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--k", type=int, default=3)
+    p.add_argument("--drafter-threads", type=int, default=2, help="torch threads in the drafter actor")
     args = p.parse_args()
 
     import ray
@@ -83,8 +84,10 @@ def main() -> None:
 
     prompts = corpus.heldout_prompts(corpus.default_corpus_dir(), args.num_prompts)
     ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
-    start_drafter_actor(str(HEADS[args.method]), str(TARGET), name="bench-drafter", namespace=NAMESPACE)
-    print(f"head {HEADS[args.method].name}, k={args.k}, {len(prompts)} prompts x {args.max_tokens} tokens, greedy")
+    drafter = start_drafter_actor(str(HEADS[args.method]), str(TARGET), name="bench-drafter", namespace=NAMESPACE,
+                                  num_threads=args.drafter_threads)  # noqa: F841 - a named actor lives while a handle does
+    print(f"head {HEADS[args.method].name}, k={args.k}, {len(prompts)} prompts x {args.max_tokens} tokens, greedy, "
+          f"drafter threads {args.drafter_threads}")
     header = ("conc", "mode", "tok/s", "MAL", "fwd ms", "sample ms", "ship ms", "wait ms", "draft ms", "ship+wait")
     print(" | ".join(header))
     for c in args.concurrency:

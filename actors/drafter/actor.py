@@ -79,7 +79,9 @@ def start_drafter_actor(
     max_model_len: int = 4096,
     num_threads: int | None = 1,
 ):
-    """A named ``DrafterActor`` on its own resources; returns its handle once the head is loaded."""
+    """A named ``DrafterActor`` on its own resources; returns its handle once the head is loaded.
+
+    Keep the handle: a named actor is still reference-counted, and goes away with its last handle."""
     import ray
 
     opts: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_concurrency": 1}

@@ -44,7 +44,12 @@ class _Batch:
 
 
 class CacheAttention:
-    """``AttendFn`` over the draft KV cache for one pass (writes the new rows, then attends)."""
+    """``AttendFn`` over the draft KV cache for one pass (writes the new rows, then attends).
+
+    Keys are read per sequence from a window ``[lo, lo + width)`` of positions: from 0 for global layers, and
+    for chunked-attention layers from the start of the chunk holding the sequence's first query row, so a
+    decode pass at position 1000 with chunk 128 reads at most 128 keys, not 1000.
+    """
 
     def __init__(self, cache: DraftKVCache, batch: _Batch, chunk_sizes: dict[int, int | None]) -> None:
         self.cache, self.b, self.chunks = cache, batch, chunk_sizes
@@ -53,26 +58,34 @@ class CacheAttention:
         # Query positions, padded: [B, max_rows]; padding rows get position -1 (masked out below).
         self.q_pos = torch.full((num_seqs, b.max_rows), -1, dtype=torch.long)
         self.q_pos[b.row_seq, b.row_local] = b.positions
-        self.key_pos = torch.arange(b.length)
+        self.first_pos = self.q_pos[:, 0]  # [B] rows of a sequence are consecutive positions
+        self.last_pos = self.q_pos.max(dim=1).values  # [B]
+        self._windows: dict[int | None, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def mask(self, chunk: int | None) -> torch.Tensor:  # [B, max_rows, length]
-        q = self.q_pos[:, :, None]
-        k = self.key_pos[None, None, :]
-        m = (k <= q) & (q >= 0)
-        if chunk:
-            m &= (k // chunk) == (q // chunk)
-        # Padding rows would have nothing to attend to; let them see key 0 to keep softmax finite.
-        m[:, :, 0] |= self.q_pos < 0
-        return m
+    def window(self, chunk: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(key positions [B, width], mask [B, max_rows, width]) for layers with this chunk size."""
+        if chunk not in self._windows:
+            lo = (self.first_pos // chunk) * chunk if chunk else torch.zeros_like(self.first_pos)
+            width = int((self.last_pos - lo).max()) + 1
+            key_pos = lo[:, None] + torch.arange(width)  # [B, width]
+            q = self.q_pos[:, :, None]
+            k = key_pos[:, None, :]
+            m = (k <= q) & (q >= 0)
+            if chunk:
+                m &= (k // chunk) == (q // chunk)
+            m[:, :, 0] |= self.q_pos < 0  # padding rows see one key, to keep softmax finite
+            self._windows[chunk] = (key_pos.clamp(max=self.cache.max_len - 1), m)
+        return self._windows[chunk]
 
     def __call__(self, layer: int, q, k, v, positions) -> torch.Tensor:
         b = self.b
         self.cache.write(layer, b.slots[b.row_seq], b.positions, k, v)
-        keys, values = self.cache.read(layer, b.slots, b.length)
+        key_pos, mask = self.window(self.chunks[layer])
+        keys, values = self.cache.read_window(layer, b.slots, key_pos)
         num_seqs = b.slots.numel()
         qp = q.new_zeros(num_seqs, b.max_rows, *q.shape[1:])
         qp[b.row_seq, b.row_local] = q
-        out = sdpa_attend(qp, keys.to(q.dtype), values.to(q.dtype), self.mask(self.chunks[layer]))
+        out = sdpa_attend(qp, keys.to(q.dtype), values.to(q.dtype), mask)
         return out[b.row_seq, b.row_local]  # [N, heads * head_dim]
 
 

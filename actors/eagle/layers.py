@@ -148,9 +148,8 @@ def sdpa_attend(
     v: torch.Tensor,  # [B, Tk, num_kv_heads, head_dim]
     mask: torch.Tensor,  # [B or 1, Tq, Tk] bool, True = may attend
 ) -> torch.Tensor:  # [B, Tq, num_heads * head_dim]
-    rep = q.shape[-2] // k.shape[-2]
-    qh = q.transpose(1, 2)
-    kh = k.repeat_interleave(rep, dim=2).transpose(1, 2)
-    vh = v.repeat_interleave(rep, dim=2).transpose(1, 2)
-    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask[:, None], scale=1 / math.sqrt(q.shape[-1]))
+    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    out = F.scaled_dot_product_attention(
+        qh, kh, vh, attn_mask=mask[:, None], scale=1 / math.sqrt(q.shape[-1]), enable_gqa=qh.shape[1] != kh.shape[1]
+    )
     return out.transpose(1, 2).flatten(-2)

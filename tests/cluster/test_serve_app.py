@@ -186,3 +186,36 @@ def test_python_handle_snippet_from_readme(server):
     r = subprocess.run([sys.executable, "-c", snippet], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "completion:" in r.stdout and "streamed:" in r.stdout
+
+
+def _fuzz_cases(n: int, seed: int = 0):
+    """Requests built from vLLM's CompletionRequest JSON schema: a prompt plus 1-3 fields with values of random
+    (often wrong) types. Integers stay small so that a valid case is a short generation."""
+    import random
+
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    rng = random.Random(seed)
+    fields = sorted(CompletionRequest.model_json_schema()["properties"])
+    values = [None, True, False, -1, 0, 1, 2, 0.5, -0.5, 1e9, "", "x", "\u0000", [], [1, 2], ["a"], {}, {"a": 1}]
+    for _ in range(n):
+        body = {"prompt": rng.choice(["def f(", "", [1, 2, 3], ["a", "b"], 7]), "max_tokens": rng.choice([1, 2, 3])}
+        for key in rng.sample(fields, rng.randint(1, 3)):
+            body[key] = rng.choice(values)
+        if body.get("n") not in (None, 1, 2) or body.get("best_of") not in (None, 1, 2):
+            body.pop("n", None)
+            body.pop("best_of", None)
+        yield body
+
+
+def test_fuzz_completions_schema_no_5xx(server):
+    """150 schema-driven requests on loopback: every answer is 2xx or 4xx, and the server stays up."""
+    statuses = []
+    for body in _fuzz_cases(150):
+        if isinstance(body.get("max_tokens"), int) and not isinstance(body["max_tokens"], bool):
+            body["max_tokens"] = max(-1, min(body["max_tokens"], 3))
+        status, out = _post("/v1/completions", json.dumps(body).encode())
+        assert status < 500, (body, out)
+        statuses.append(status)
+    assert 200 in statuses and any(400 <= s < 500 for s in statuses)
+    assert _get("/health")[0] == 200
