@@ -169,6 +169,7 @@ async def run(
     results = await asyncio.gather(*tasks)
     duration = time.perf_counter() - start
     bar.close()
+    await client.close()
     spec = scrape(base_url) - before
     ok = [r for r in results if r.ok]
     tpot = [(r.latency_s - r.ttft_s) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
