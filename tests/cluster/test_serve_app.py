@@ -224,3 +224,21 @@ def test_fuzz_completions_schema_no_5xx(server):
         statuses.append(status)
     assert 200 in statuses and any(400 <= s < 500 for s in statuses)
     assert _get("/health")[0] == 200
+
+
+def test_vllm_bench_serve_client_works_against_the_cluster(server):
+    """A user's existing tooling: vLLM's own serving benchmark client, including its speculative metrics."""
+    import re
+
+    r = subprocess.run(
+        [sys.executable, "-m", "benchmarks.vllm_bench_serve", "--backend", "openai", "--base-url", HTTP,
+         "--model", MODEL, "--tokenizer", str(ROOT / "models/llama4-tiny"), "--dataset-name", "random",
+         "--random-input-len", "32", "--random-output-len", "16", "--num-prompts", "8", "--max-concurrency", "4",
+         "--ignore-eos"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"Successful requests:\s+8\b", r.stdout), r.stdout[-3000:]
+    assert re.search(r"Failed requests:\s+0\b", r.stdout)
+    drafts = re.search(r"Drafts:\s+(\d+)", r.stdout)
+    assert drafts and int(drafts.group(1)) > 0
