@@ -28,7 +28,7 @@ models: $(STAMP)
 	$(PY) -m actors.train.cli all --out models
 
 bench: $(STAMP)
-	$(PY) -m actors.bench.colocated_acceptance
+	$(PY) -m benchmarks.colocated_acceptance
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
