@@ -6,12 +6,10 @@ Serve). The hidden states are put once into the object store; the handle call ca
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from actors.messages import DraftResult, DraftStep
-from actors.verifier.client import ProposeTiming, hidden_to_numpy
+from actors.verifier.client import ProposeTiming, timed_propose
 
 
 class ServeDraftClient:
@@ -23,13 +21,6 @@ class ServeDraftClient:
         self.timeout_s = timeout_s
 
     def propose(self, step: DraftStep, hidden: torch.Tensor) -> tuple[DraftResult, ProposeTiming]:
-        import ray
-
-        t0 = time.perf_counter()
-        array, step.hidden_dtype = hidden_to_numpy(hidden)
-        ref = ray.put(array)
-        t1 = time.perf_counter()
-        packed = self.handle.propose.remote(step.pack(), ref).result(timeout_s=self.timeout_s)
-        t2 = time.perf_counter()
-        result = DraftResult.unpack(packed)
-        return result, ProposeTiming((t1 - t0) * 1e3, (t2 - t1) * 1e3 - result.compute_ms, result.compute_ms)
+        return timed_propose(
+            step, hidden, lambda packed, ref: self.handle.propose.remote(packed, ref).result(timeout_s=self.timeout_s)
+        )

@@ -25,6 +25,7 @@ from transformers import Llama4ForCausalLM
 
 from actors.eagle.heads import DraftHead
 from actors.eagle.spec import DraftMethod, HeadSpec, head_spec_from_dict
+from actors.train.target import cosine_lr
 
 FEATURE_NOISE = 0.1
 CLS_WEIGHT = 0.1
@@ -190,10 +191,7 @@ class HeadTrainSpec:
 
 
 def _lr(step: int, spec: HeadTrainSpec) -> float:
-    if step < spec.warmup:
-        return spec.lr * (step + 1) / spec.warmup
-    progress = (step - spec.warmup) / max(1, spec.steps - spec.warmup)
-    return spec.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
+    return cosine_lr(step, spec.lr, spec.warmup, spec.steps, floor=0.05)
 
 
 def init_head(spec: HeadSpec, target: Llama4ForCausalLM, seed: int, d2t: torch.Tensor | None = None) -> DraftHead:

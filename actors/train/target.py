@@ -99,12 +99,16 @@ class TrainSpec:
     seed: int = 0
 
 
+def cosine_lr(step: int, peak: float, warmup: int, steps: int, floor: float) -> float:
+    """Linear warm-up to ``peak``, then cosine decay to ``floor * peak`` at ``steps``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
 def lr_at(step: int, spec: TrainSpec) -> float:
-    """Linear warm-up, then cosine decay to 10% of the peak."""
-    if step < spec.warmup:
-        return spec.lr * (step + 1) / spec.warmup
-    progress = (step - spec.warmup) / max(1, spec.steps - spec.warmup)
-    return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    return cosine_lr(step, spec.lr, spec.warmup, spec.steps, floor=0.1)
 
 
 def build_model(spec: TargetSpec, seed: int) -> Llama4ForCausalLM:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -40,6 +41,22 @@ def hidden_to_numpy(hidden: torch.Tensor) -> tuple[np.ndarray, str]:
     return hidden.float().contiguous().cpu().numpy(), "float32"
 
 
+def timed_propose(
+    step: DraftStep, hidden: torch.Tensor, call: Callable[[bytes, Any], bytes]
+) -> tuple[DraftResult, ProposeTiming]:
+    """Put the hidden states once, ``call(packed step, ObjectRef)`` a drafter, and time both halves."""
+    import ray
+
+    t0 = time.perf_counter()
+    array, step.hidden_dtype = hidden_to_numpy(hidden)
+    ref = ray.put(array)
+    t1 = time.perf_counter()
+    packed = call(step.pack(), ref)
+    t2 = time.perf_counter()
+    result = DraftResult.unpack(packed)
+    return result, ProposeTiming((t1 - t0) * 1e3, (t2 - t1) * 1e3 - result.compute_ms, result.compute_ms)
+
+
 class ActorDraftClient:
     """Calls one named drafter actor (``actors.drafter.actor.DrafterActor``)."""
 
@@ -52,15 +69,9 @@ class ActorDraftClient:
     def propose(self, step: DraftStep, hidden: torch.Tensor) -> tuple[DraftResult, ProposeTiming]:
         import ray
 
-        t0 = time.perf_counter()
-        array, step.hidden_dtype = hidden_to_numpy(hidden)
-        ref = ray.put(array)
-        t1 = time.perf_counter()
-        packed = ray.get(self.actor.propose.remote(step.pack(), ref), timeout=self.timeout_s)
-        t2 = time.perf_counter()
-        result = DraftResult.unpack(packed)
-        wait = (t2 - t1) * 1e3 - result.compute_ms
-        return result, ProposeTiming((t1 - t0) * 1e3, wait, result.compute_ms)
+        return timed_propose(
+            step, hidden, lambda packed, ref: ray.get(self.actor.propose.remote(packed, ref), timeout=self.timeout_s)
+        )
 
 
 def build_client(spec: dict[str, Any]) -> DraftClient:
