@@ -3,8 +3,9 @@
     python -m benchmarks.serving --base-url http://127.0.0.1:8000 [--prompts FILE.jsonl] [--num-prompts 32]
         [--concurrency 16 | --request-rate 4] [--max-tokens 128] [--out results/]
 
-Prompts: a JSONL file of ``{"prompt": ...}`` lines (default: held-out Python standard library snippets, the
-same ones every benchmark here uses). Each request streams (``/v1/completions``, greedy, ``ignore_eos``), so
+Prompts: a JSONL file of ``{"prompt": ...}`` lines; the default, ``benchmarks/prompts.jsonl``, ships 64 held-out
+Python standard library snippets (the models never saw their files), the same ones the other benchmarks use.
+Each request streams (``/v1/completions``, greedy, ``ignore_eos``), so
 TTFT (time to first token), TPOT (time per output token after the first) and ITL (gaps between streamed
 chunks) are measured by the client. The speculative table comes from the server's ``/metrics`` before and
 after the run (``vllm:spec_decode_*``), so it covers exactly this run.
@@ -96,16 +97,21 @@ def percentiles(xs: list[float]) -> dict[str, float]:
     }
 
 
-def load_prompts(path: str | None, n: int) -> list[str]:
-    if path:
-        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-        prompts = [r["prompt"] if isinstance(r, dict) else str(r) for r in rows]
-    else:
-        from actors.train import corpus
+SHIPPED_PROMPTS = Path(__file__).resolve().parent / "prompts.jsonl"
 
-        prompts = corpus.heldout_prompts(corpus.default_corpus_dir(), n)
+
+def load_prompts(path: str | None, n: int) -> list[str]:
+    """``n`` prompts from a JSONL file (cycled if it holds fewer)."""
+    path = Path(path) if path else SHIPPED_PROMPTS
+    if not path.is_file():
+        raise SystemExit(f"error: --prompts {path} is not a file")
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"error: --prompts {path}: not JSONL ({e})") from None
+    prompts = [r["prompt"] if isinstance(r, dict) and "prompt" in r else str(r) for r in rows]
     if not prompts:
-        raise SystemExit("error: no prompts")
+        raise SystemExit(f"error: --prompts {path} holds no prompts")
     return [prompts[i % len(prompts)] for i in range(n)]
 
 
@@ -186,7 +192,7 @@ async def run(
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
-    p.add_argument("--prompts", help="JSONL of {\"prompt\": ...} lines (default: held-out stdlib snippets)")
+    p.add_argument("--prompts", help="JSONL of {\"prompt\": ...} lines (default: benchmarks/prompts.jsonl)")
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=128)
     group = p.add_mutually_exclusive_group()
