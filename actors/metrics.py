@@ -26,16 +26,6 @@ class SpecDecodeStats:
             return 0.0
         return self.accepted_per_pos[pos] / self.num_drafts
 
-    def __add__(self, other: SpecDecodeStats) -> SpecDecodeStats:
-        n = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
-        pad = lambda xs: list(xs) + [0] * (n - len(xs))  # noqa: E731
-        return SpecDecodeStats(
-            self.num_drafts + other.num_drafts,
-            self.num_draft_tokens + other.num_draft_tokens,
-            self.num_accepted_tokens + other.num_accepted_tokens,
-            [a + b for a, b in zip(pad(self.accepted_per_pos), pad(other.accepted_per_pos), strict=True)],
-        )
-
     def __sub__(self, other: SpecDecodeStats) -> SpecDecodeStats:
         n = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
         pad = lambda xs: list(xs) + [0] * (n - len(xs))  # noqa: E731

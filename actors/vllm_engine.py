@@ -12,15 +12,6 @@ import os
 from typing import Any
 
 
-def is_cpu_build() -> bool:
-    try:
-        import torch
-
-        return not torch.cuda.is_available()
-    except ImportError:  # pragma: no cover
-        return True
-
-
 def set_cpu_env(tensor_parallel_size: int = 1, in_process: bool = True) -> None:
     """Environment vLLM-CPU reads at engine start (call before building the engine)."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

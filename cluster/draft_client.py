@@ -13,8 +13,7 @@ from actors.verifier.client import ProposeTiming, timed_propose
 
 
 class ServeDraftClient:
-    def __init__(self, app_name: str, deployment_name: str, namespace: str | None = None,
-                 timeout_s: float = 10.0) -> None:
+    def __init__(self, app_name: str, deployment_name: str, timeout_s: float = 10.0) -> None:
         from ray import serve
 
         self.handle = serve.get_deployment_handle(deployment_name, app_name=app_name)

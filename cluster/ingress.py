@@ -71,6 +71,13 @@ def parse_request(raw: bytes, model_cls: type) -> Any:
         raise BadRequest(400, str(e), getattr(e, "parameter", None)) from None
 
 
+def completion_request(prompt: str, sampling: dict[str, Any], stream: bool) -> Any:
+    """A handle or gRPC call's arguments, validated exactly as an HTTP body would be."""
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    return parse_request(json.dumps({"prompt": prompt, **sampling, "stream": stream}).encode(), CompletionRequest)
+
+
 class Ingress:
     def __init__(self, verifier, config: dict[str, Any]) -> None:
         from cluster.config import EagleClusterConfig
@@ -152,9 +159,7 @@ class Ingress:
     # --- Python handle calls ----------------------------------------------------------------------------------
     async def generate(self, prompt: str, **sampling: Any) -> dict[str, Any]:
         """``serve.get_app_handle(app).generate.remote("def f(", max_tokens=16)`` -> an OpenAI completion dict."""
-        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-
-        req = parse_request(json.dumps({"prompt": prompt, **sampling, "stream": False}).encode(), CompletionRequest)
+        req = completion_request(prompt, sampling, stream=False)
         async for _kind, payload in self.verifier.options(stream=True).completions.remote(req):
             if payload["status"] != 200:
                 raise ValueError(payload["body"]["error"]["message"])
@@ -163,9 +168,7 @@ class Ingress:
 
     async def _stream(self, prompt: str, sampling: dict[str, Any]) -> AsyncGenerator[tuple[str, str], None]:
         """(new text, finish reason or "") for each streamed chunk."""
-        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-
-        req = parse_request(json.dumps({"prompt": prompt, **sampling, "stream": True}).encode(), CompletionRequest)
+        req = completion_request(prompt, sampling, stream=True)
         async for kind, payload in self.verifier.options(stream=True).completions.remote(req):
             if kind == "json":
                 raise ValueError(payload["body"]["error"]["message"])

@@ -36,6 +36,7 @@ def toy_target():
 def toy_heads(toy_target, tmp_path_factory):
     """(target dir, {name: head dir}) with random EAGLE-1 (1 and 2 layers) and EAGLE-3 heads."""
     from actors.eagle.checkpoint import save_head
+    from actors.eagle.spec import head_spec_from_dict
     from actors.train import heads
 
     root = tmp_path_factory.mktemp("toy")
@@ -48,7 +49,7 @@ def toy_heads(toy_target, tmp_path_factory):
         "eagle1_2l": heads.eagle1_config(tcfg, 2),
         "eagle3": heads.eagle3_config(tcfg, [1, 2, 3], 128),
     }.items():
-        spec = heads.build_head_spec(cfg)
+        spec = head_spec_from_dict(cfg)
         d2t = heads.draft_vocab_from_counts(rows, 300, 128) if name == "eagle3" else None
         head = heads.init_head(spec, toy_target, seed=1, d2t=d2t)
         for p in head.parameters():  # random, but not the near-identity init: make every weight matter

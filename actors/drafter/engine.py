@@ -40,7 +40,6 @@ class _Batch:
     row_local: torch.Tensor  # [N] index of each row within its sequence
     positions: torch.Tensor  # [N]
     max_rows: int
-    length: int  # keys to read per sequence: max position + 1
 
 
 class CacheAttention:
@@ -141,7 +140,7 @@ class DrafterEngine:
         row_seq = torch.repeat_interleave(torch.arange(num_seqs), counts)
         row_local = torch.arange(step.num_tokens) - starts[row_seq]
         positions = (first_pos[row_seq] + row_local).clamp(max=self.max_model_len - 1)
-        batch = _Batch(slots, row_seq, row_local, positions, int(counts.max()), int(positions.max()) + 1)
+        batch = _Batch(slots, row_seq, row_local, positions, int(counts.max()))
         ids = torch.from_numpy(step.input_ids.astype(np.int64)).to(self.device)
         x = self.head.combine(hidden.to(self.device, torch.float32))
         out, fed = self._pass(ids, x, batch)
@@ -151,10 +150,10 @@ class DrafterEngine:
         one = torch.zeros(num_seqs, dtype=torch.long)
         for _ in range(k - 1):
             pos = (pos + 1).clamp(max=self.max_model_len - 1)
-            b = _Batch(slots, torch.arange(num_seqs), one, pos, 1, int(pos.max()) + 1)
+            b = _Batch(slots, torch.arange(num_seqs), one, pos, 1)
             out, hid = self._pass(drafts[-1], hid, b)
             drafts.append(self.head.greedy(out))
-        return torch.stack(drafts, dim=1)[:, :k] if k > 0 else torch.zeros(num_seqs, 0, dtype=torch.long)
+        return torch.stack(drafts, dim=1)[:, :k]  # k == 0: the context pass still ran, no drafts
 
     def propose(self, step: DraftStep, hidden: np.ndarray) -> DraftResult:
         start = time.perf_counter()

@@ -91,7 +91,3 @@ class DraftKVCache:
         positions: torch.Tensor,  # [B, width]
     ) -> tuple[torch.Tensor, torch.Tensor]:  # each [B, width, num_kv_heads, head_dim]
         return self.k[layer][slots[:, None], positions], self.v[layer][slots[:, None], positions]
-
-    def read(self, layer: int, slots: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V of ``slots`` for positions ``[0, length)``: each ``[B, length, num_kv_heads, head_dim]``."""
-        return self.k[layer][slots, :length], self.v[layer][slots, :length]

@@ -72,7 +72,7 @@ class HeadSpec:
     def fused_hidden_size(self) -> int:
         """Width of the hidden state the verifier ships per token: H (EAGLE) or len(aux) * H_target (EAGLE-3)."""
         if self.method is DraftMethod.EAGLE3:
-            return (self.target_hidden_size or self.hidden_size) * max(1, len(self.aux_layer_ids) or 3)
+            return (self.target_hidden_size or self.hidden_size) * (len(self.aux_layer_ids) or 3)
         return self.hidden_size
 
 

@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from actors.eagle.checkpoint import save_head
+from actors.eagle.spec import head_spec_from_dict
 from actors.train import corpus, heads, target
 
 TARGET_DIR = "llama4-tiny"
@@ -152,7 +153,7 @@ def run_heads(args: argparse.Namespace) -> list[Path]:
     written = []
     for r in recipes:
         cfg = configs[r.name]
-        spec = heads.build_head_spec(cfg)
+        spec = head_spec_from_dict(cfg)
         d2t = None
         if r.method == "eagle3":
             d2t = heads.draft_vocab_from_counts(rows, spec.vocab_size, spec.draft_vocab_size)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from transformers import Llama4ForCausalLM
 
 from actors.eagle.heads import DraftHead
-from actors.eagle.spec import DraftMethod, HeadSpec, head_spec_from_dict
+from actors.eagle.spec import DraftMethod, HeadSpec
 from actors.train.target import cosine_lr
 
 FEATURE_NOISE = 0.1
@@ -276,6 +276,3 @@ def train_head(
     head.eval()
     return head
 
-
-def build_head_spec(cfg: dict) -> HeadSpec:
-    return head_spec_from_dict(cfg)

@@ -59,14 +59,14 @@ class ProposerState:
 def step_rows(
     query_start_loc: torch.Tensor,  # [batch_size + 1] (cpu)
     last_rows: torch.Tensor,  # [batch_size] row of each sequence's last accepted token
-) -> torch.Tensor:  # [num_kept] row indices to ship, sequence by sequence
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([num_kept] rows to ship, sequence by sequence; [batch_size] counts)
     """Worked example: query_start_loc [0, 4, 5], last rows [1, 4] -> keep rows [0, 1, 4] (rows 2, 3 were the
-    rejected drafts of sequence 0)."""
+    rejected drafts of sequence 0), counts [2, 1]."""
     starts = query_start_loc[:-1]
     counts = last_rows - starts + 1
     seq = torch.repeat_interleave(torch.arange(counts.numel()), counts)
     offsets = torch.arange(int(counts.sum())) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
-    return starts[seq] + offsets
+    return starts[seq] + offsets, counts
 
 
 class RemoteEagleProposer(EagleProposer):
@@ -124,7 +124,7 @@ class RemoteEagleProposer(EagleProposer):
             last = qsl[1:] - 1
         else:
             last = token_indices_to_sample[:batch_size].long().cpu()
-        rows = step_rows(qsl, last)
+        rows, counts = step_rows(qsl, last)
         # Input token of row j is the token after it: target_token_ids[j + 1], or the sampled next token
         # for each sequence's last row.
         shifted = torch.empty_like(target_token_ids[: qsl[-1]])
@@ -135,11 +135,10 @@ class RemoteEagleProposer(EagleProposer):
         positions = target_positions[rows_dev].cpu()
         hidden = target_hidden_states[rows_dev]
         req_ids = list(self.runner.input_batch.req_ids[:batch_size])
-        counts = (last - qsl[:-1] + 1).tolist()
-        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+        offsets = (torch.cumsum(counts, 0) - counts).tolist()
         seqs = [
             SeqSlice(rid, off, n, int(positions[off]))
-            for rid, off, n in zip(req_ids, offsets, counts, strict=True)
+            for rid, off, n in zip(req_ids, offsets, counts.tolist(), strict=True)
         ]
         finished = sorted(self._live - set(req_ids))
         self._live = set(req_ids)

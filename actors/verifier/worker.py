@@ -43,29 +43,27 @@ def _ensure_ray(namespace: str | None) -> None:
 class RemoteDraftWorker(_PlatformWorker):
     """The platform worker plus the remote proposer, and a time split of each step (for benchmarks)."""
 
-    _forward_ms: list[float]
-    _sample_ms: list[float]
-
-    def execute_model(self, *args: Any, **kwargs: Any):
-        start = time.perf_counter()
-        try:
-            return super().execute_model(*args, **kwargs)
-        finally:
-            self._forward_ms.append((time.perf_counter() - start) * 1e3)
-
-    def sample_tokens(self, *args: Any, **kwargs: Any):
-        start = time.perf_counter()
-        try:
-            return super().sample_tokens(*args, **kwargs)
-        finally:
-            self._sample_ms.append((time.perf_counter() - start) * 1e3)
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         vllm_fixes.apply()
+        self._forward_ms: list[float] = []  # execute_model: the target forward
+        self._sample_ms: list[float] = []  # sample_tokens: rejection sampling + propose
         super().__init__(*args, **kwargs)
 
+    @staticmethod
+    def _timed(samples: list[float], method, *args: Any, **kwargs: Any):
+        start = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            samples.append((time.perf_counter() - start) * 1e3)
+
+    def execute_model(self, *args: Any, **kwargs: Any):
+        return self._timed(self._forward_ms, super().execute_model, *args, **kwargs)
+
+    def sample_tokens(self, *args: Any, **kwargs: Any):
+        return self._timed(self._sample_ms, super().sample_tokens, *args, **kwargs)
+
     def init_device(self) -> None:
-        self._forward_ms, self._sample_ms = [], []
         super().init_device()
         runner = self.model_runner
         cfg: dict[str, Any] = (self.vllm_config.additional_config or {}).get(CONFIG_KEY, {})

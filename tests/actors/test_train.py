@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from actors.eagle.spec import head_spec_from_dict
 from actors.train import corpus, heads, target
 from tests.conftest import ROOT, toy_target_spec
 
@@ -37,7 +38,7 @@ def test_head_training_is_deterministic(toy_target, method):
     tcfg = toy_target.config.to_dict()
     cfg = heads.eagle1_config(tcfg, 1) if method == "eagle" else heads.eagle3_config(tcfg, [1, 2, 3], 128)
     feats = heads.collect_features(toy_target, rows, [1, 2, 3] if method == "eagle3" else None)
-    spec = heads.build_head_spec(cfg)
+    spec = head_spec_from_dict(cfg)
     d2t = heads.draft_vocab_from_counts(rows, 300, 128) if method == "eagle3" else None
     runs = []
     for _ in range(2):
