@@ -24,6 +24,7 @@ import numpy as np
 
 class DraftStatus(enum.StrEnum):
     OK = "ok"
+    PARTIAL = "partial"  # a pool's drafter failed for some sequences: their rows hold placeholder drafts
     FAILED = "failed"  # the drafter raised; the verifier drafts nothing this step
 
 
@@ -73,6 +74,22 @@ class DraftStep:
             hidden_dtype=str(d["hidden_dtype"]),
         )
 
+    def select(self, seq_indices: list[int]) -> tuple[DraftStep, np.ndarray]:
+        """The sub-step of some of this step's sequences (what one drafter of a pool gets), and the rows
+        ``[M]`` of this step's flat arrays that it covers, in its order. ``finished`` is left empty.
+
+        Worked example: seqs a (rows 0-1), b (row 2), c (rows 3-5); ``select([2, 0])`` -> seqs c (rows 0-2 of
+        the sub-step), a (rows 3-4), and rows ``[3, 4, 5, 0, 1]``."""
+        seqs, rows, off = [], [], 0
+        for i in seq_indices:
+            s = self.seqs[i]
+            seqs.append(SeqSlice(s.req_id, off, s.num_tokens, s.start_position))
+            rows.append(np.arange(s.start, s.start + s.num_tokens))
+            off += s.num_tokens
+        idx = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+        sub = DraftStep(self.step_id, self.num_speculative_tokens, seqs, self.input_ids[idx], [], self.hidden_dtype)
+        return sub, idx
+
     def validate(self, hidden_rows: int, hidden_width: int, expected_width: int) -> None:
         if hidden_rows != self.num_tokens:
             raise ValueError(f"draft step: {hidden_rows} hidden rows for {self.num_tokens} tokens")
@@ -96,6 +113,9 @@ class DraftResult:
     draft_token_ids: np.ndarray  # [B, k] int32, rows in the step's sequence order
     compute_ms: float = 0.0
     error: str = ""
+    drafter_id: str = ""  # who drafted (a pool's replica id), so a router can send a sequence back there
+    active_sequences: int = 0  # sequences the drafter holds draft state for, after this step
+    cold_sequences: int = 0  # sequences first seen mid-stream (re-homed): drafted without their earlier context
 
     def pack(self) -> bytes:
         return msgpack.packb(
@@ -106,6 +126,9 @@ class DraftResult:
                 "drafts": self.draft_token_ids.astype(np.int32).tobytes(),
                 "compute_ms": self.compute_ms,
                 "error": self.error,
+                "drafter_id": self.drafter_id,
+                "active_sequences": self.active_sequences,
+                "cold_sequences": self.cold_sequences,
             },
             use_bin_type=True,
         )
@@ -114,4 +137,7 @@ class DraftResult:
     def unpack(cls, data: bytes) -> DraftResult:
         d = msgpack.unpackb(data, raw=False)
         drafts = np.frombuffer(d["drafts"], dtype=np.int32).reshape(d["shape"])
-        return cls(int(d["step_id"]), DraftStatus(d["status"]), drafts, float(d["compute_ms"]), str(d["error"]))
+        return cls(
+            int(d["step_id"]), DraftStatus(d["status"]), drafts, float(d["compute_ms"]), str(d["error"]),
+            str(d.get("drafter_id", "")), int(d.get("active_sequences", 0)), int(d.get("cold_sequences", 0)),
+        )

@@ -2,6 +2,9 @@
 
     Ingress (HTTP, gRPC, handle) ──handle──► Verifier (vLLM AsyncLLM, TP bundles) ──handle──► Drafter (1..M, autoscaled)
 
+The drafter deployment routes with ``cluster.drafter_router.SequenceAffinityRouter`` (a sequence stays on its
+replica) and, with ``autoscaling_config``, scales with ``cluster.drafter_autoscaling.DrafterLoadPolicy``.
+
 ``build_app(args)`` validates the YAML ``args:`` block into ``EagleClusterConfig`` (errors name the field), turns
 relative model paths into absolute ones (replicas do not share the CLI's working directory), and binds the three
 deployments, handing each its downstream handle as a constructor argument.
@@ -14,6 +17,7 @@ from typing import Any
 
 from ray import serve
 from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
 
 from cluster.config import EagleClusterConfig
 from cluster.drafter_server import DrafterServer
@@ -42,13 +46,22 @@ def build_app(args: dict[str, Any]) -> Application:
     cfg = resolve_paths(EagleClusterConfig.model_validate(args))
     v, d = cfg.verifier, cfg.drafter
 
+    actor_opts: dict[str, Any] = {"num_cpus": d.num_cpus, "num_gpus": d.num_gpus, "resources": dict(d.resources)}
     drafter_opts: dict[str, Any] = {
         "name": DRAFTER,
-        "ray_actor_options": {"num_cpus": d.num_cpus, "num_gpus": d.num_gpus, "resources": dict(d.resources)},
-        "health_check_period_s": 10,
+        "ray_actor_options": actor_opts,
+        "health_check_period_s": 5,
+        "max_ongoing_requests": d.max_ongoing_requests,
+        "request_router_config": RequestRouterConfig(
+            request_router_class="cluster.drafter_router:SequenceAffinityRouter",
+            request_routing_stats_period_s=1.0,
+            request_routing_stats_timeout_s=5.0,
+        ),
     }
     if d.autoscaling_config is not None:
-        drafter_opts["autoscaling_config"] = d.autoscaling_config.model_dump(exclude_none=True)
+        drafter_opts["autoscaling_config"] = d.autoscaling_config.for_serve()
+        interval = str(d.autoscaling_config.metrics_interval_s)
+        actor_opts["runtime_env"] = {"env_vars": {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": interval}}
     else:
         drafter_opts["num_replicas"] = d.num_replicas or 1
     drafter = serve.deployment(DrafterServer).options(**drafter_opts).bind(
@@ -56,6 +69,7 @@ def build_app(args: dict[str, Any]) -> Application:
     )
 
     bundle = {"GPU": 1, "CPU": 1} if v.accelerator == "gpu" else {"CPU": 1}
+    bundle.update(v.resources)
     verifier = serve.deployment(VerifierServer).options(
         name=VERIFIER,
         num_replicas=v.num_replicas,

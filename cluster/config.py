@@ -51,6 +51,7 @@ class VerifierConfig(_Strict):
     max_num_seqs: int = Field(32, ge=1)
     num_replicas: int = Field(1, ge=1)
     accelerator: Literal["cpu", "gpu"] = "cpu"
+    resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources, per TP bundle")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed through to vLLM")
 
     @property
@@ -84,17 +85,40 @@ class SpeculativeConfig(BaseModel):
 
 
 class AutoscalingConfig(_Strict):
+    """The drafter pool's size, on drafter load (``cluster.drafter_autoscaling.DrafterLoadPolicy``)."""
+
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(1, ge=1)
     initial_replicas: int | None = Field(None, ge=0)
-    target_ongoing_requests: float = Field(2.0, gt=0)
+    target_sequences_per_replica: float = Field(16, gt=0, description="active sequences a replica should hold")
+    target_draft_ms: float | None = Field(None, gt=0, description="also grow while steps draft slower than this")
     upscale_delay_s: float = Field(5.0, ge=0)
     downscale_delay_s: float = Field(30.0, ge=0)
+    look_back_period_s: float = Field(10.0, gt=0, description="window the replicas' load reports are averaged over")
+    metrics_interval_s: float = Field(1.0, gt=0, description="how often each replica reports its load")
+
+    def for_serve(self) -> dict[str, Any]:
+        """Ray Serve's ``autoscaling_config`` with this policy."""
+        return {
+            **self.model_dump(
+                include={"min_replicas", "max_replicas", "initial_replicas", "upscale_delay_s", "downscale_delay_s",
+                         "look_back_period_s", "metrics_interval_s"},
+                exclude_none=True,
+            ),
+            "policy": {
+                "policy_function": "cluster.drafter_autoscaling:DrafterLoadPolicy",
+                "policy_kwargs": {"target_sequences_per_replica": self.target_sequences_per_replica,
+                                  "target_draft_ms": self.target_draft_ms},
+            },
+        }
 
     @model_validator(mode="after")
     def _order(self) -> AutoscalingConfig:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        if self.look_back_period_s <= self.metrics_interval_s:
+            raise ValueError(f"look_back_period_s {self.look_back_period_s} must be > metrics_interval_s "
+                             f"{self.metrics_interval_s}")
         return self
 
 
@@ -107,6 +131,7 @@ class DrafterConfig(_Strict):
     max_model_len: int | None = Field(None, ge=16)
     num_threads: int = Field(1, ge=1, description="torch threads per drafter replica")
     timeout_s: float = Field(10.0, gt=0, description="a draft call slower than this drafts nothing")
+    max_ongoing_requests: int = Field(32, ge=1, description="concurrent draft calls per replica (all verifiers)")
 
     @model_validator(mode="after")
     def _one_scaling(self) -> DrafterConfig:

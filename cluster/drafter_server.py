@@ -2,12 +2,17 @@
 
 Undecorated (``cluster.app`` makes it a deployment with the configured resources and autoscaling). The verifier's
 ``RemoteEagleProposer`` reaches it through ``cluster.draft_client.ServeDraftClient``: a packed ``DraftStep`` and
-the ``ObjectRef`` of the step's hidden states in, a packed ``DraftResult`` out. Health reflects real health: the
-head is loaded and answers a one-token draft.
+the ``ObjectRef`` of the step's hidden states in, a packed ``DraftResult`` out (carrying this replica's id,
+so the client can send the step's sequences back here: ``cluster.drafter_router``). Health reflects real
+health: the head is loaded and answers a one-token draft.
+
+Load reports: ``record_routing_stats`` (active sequences, for the router's least-loaded choice) and
+``record_autoscaling_stats`` (active sequences and mean draft time, for ``cluster.drafter_autoscaling``).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -18,7 +23,12 @@ from actors.messages import DraftStep, SeqSlice
 
 class DrafterServer:
     def __init__(self, head_dir: str, target_dir: str, max_model_len: int = 4096, num_threads: int = 1) -> None:
-        self.actor = DrafterActor(head_dir, target_dir, max_model_len=max_model_len, num_threads=num_threads)
+        from ray import serve
+
+        replica_id = serve.get_replica_context().replica_id.unique_id
+        self.actor = DrafterActor(
+            head_dir, target_dir, max_model_len=max_model_len, num_threads=num_threads, drafter_id=replica_id
+        )
 
     async def propose(self, step_bytes: bytes, hidden: Any) -> bytes:
         import ray
@@ -28,7 +38,15 @@ class DrafterServer:
         return self.actor.propose(step_bytes, hidden)
 
     async def stats(self) -> dict[str, Any]:
-        return self.actor.stats()
+        import ray
+
+        return {**self.actor.stats(), "node_id": ray.get_runtime_context().get_node_id()}
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        return {"active_sequences": self.actor.engine.num_active_sequences, "reported_at": time.time()}
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        return self.actor.load_window()
 
     async def free(self, req_ids: list[str]) -> int:
         return self.actor.free(req_ids)

@@ -104,8 +104,14 @@ class Ingress:
 
         async def events() -> AsyncGenerator[str, None]:
             yield payload
-            async for _, chunk in gen:
-                yield chunk
+            try:
+                async for _, chunk in gen:
+                    yield chunk
+            except Exception as e:  # the verifier died mid-stream: end the stream with an error event, at once
+                logger.warning("verifier failed mid-stream: %s", e)
+                body = error_body(503, f"verifier unavailable: {type(e).__name__}")
+                yield f"data: {json.dumps(body)}\n\n"
+                yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
 

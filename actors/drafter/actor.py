@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 class DrafterActor:
     def __init__(self, head_dir: str, target_dir: str | None = None, max_model_len: int = 4096,
-                 num_threads: int | None = None) -> None:
+                 num_threads: int | None = None, drafter_id: str = "") -> None:
         if num_threads:
             import torch
 
@@ -33,8 +33,11 @@ class DrafterActor:
             check_head_fits_target(load_head_spec(head_dir), target_text_config(target_dir))
         self.engine = DrafterEngine.from_checkpoint(head_dir, target_dir, max_model_len=max_model_len)
         self.head_dir = head_dir
+        self.drafter_id = drafter_id  # answered with every result, so a pool's router can send sequences back
         self.steps = 0
         self.failures = 0
+        self.cold_sequences = 0
+        self.compute_ms: list[float] = []  # per step, since the last stats_window() read
         self.started = time.time()
 
     def propose(self, step_bytes: bytes, hidden: np.ndarray) -> bytes:
@@ -48,6 +51,9 @@ class DrafterActor:
                 step.step_id, DraftStatus.FAILED, np.zeros((0, 0), np.int32), error=traceback.format_exc(limit=3)
             )
         self.steps += 1
+        self.cold_sequences += result.cold_sequences
+        self.compute_ms.append(result.compute_ms)
+        result.drafter_id = self.drafter_id
         return result.pack()
 
     def free(self, req_ids: list[str]) -> int:
@@ -58,9 +64,19 @@ class DrafterActor:
         return {
             "head": self.head_dir,
             "method": self.engine.spec.method.value,
+            "drafter_id": self.drafter_id,
             "active_sequences": self.engine.num_active_sequences,
             "steps": self.steps,
             "failures": self.failures,
+            "cold_sequences": self.cold_sequences,
+        }
+
+    def load_window(self) -> dict[str, float]:
+        """Load since the last call: active sequences now and the mean draft compute per step (ms)."""
+        window, self.compute_ms = self.compute_ms, []
+        return {
+            "active_sequences": float(self.engine.num_active_sequences),
+            "draft_ms": sum(window) / len(window) if window else 0.0,
         }
 
     def ping(self) -> bool:

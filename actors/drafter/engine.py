@@ -69,7 +69,7 @@ class CacheAttention:
             key_pos = lo[:, None] + torch.arange(width)  # [B, width]
             q = self.q_pos[:, :, None]
             k = key_pos[:, None, :]
-            m = (k <= q) & (q >= 0)
+            m = (k <= q) & (q >= 0) & (k >= self.cache.known_from[self.b.slots][:, None, None])
             if chunk:
                 m &= (k // chunk) == (q // chunk)
             m[:, :, 0] |= self.q_pos < 0  # padding rows see one key, to keep softmax finite
@@ -126,14 +126,14 @@ class DrafterEngine:
         self,
         step: DraftStep,
         hidden: torch.Tensor,  # [N, fused_hidden_size]
-    ) -> torch.Tensor:  # [B, k] int64 draft token ids
+    ) -> tuple[torch.Tensor, int]:  # ([B, k] int64 draft token ids, sequences that arrived mid-stream)
         self.free(step.finished)
         k = step.num_speculative_tokens
         num_seqs = len(step.seqs)
         if num_seqs == 0:
-            return torch.zeros(0, k, dtype=torch.long)
+            return torch.zeros(0, k, dtype=torch.long), 0
         step.validate(hidden.shape[0], hidden.shape[1], self.spec.fused_hidden_size)
-        slots = self.cache.slots_for([s.req_id for s in step.seqs])
+        slots, cold = self.cache.slots_for([s.req_id for s in step.seqs], [s.start_position for s in step.seqs])
         counts = torch.tensor([s.num_tokens for s in step.seqs])
         starts = torch.tensor([s.start for s in step.seqs])
         first_pos = torch.tensor([s.start_position for s in step.seqs])
@@ -153,7 +153,7 @@ class DrafterEngine:
             b = _Batch(slots, torch.arange(num_seqs), one, pos, 1)
             out, hid = self._pass(drafts[-1], hid, b)
             drafts.append(self.head.greedy(out))
-        return torch.stack(drafts, dim=1)[:, :k]  # k == 0: the context pass still ran, no drafts
+        return torch.stack(drafts, dim=1)[:, :k], cold  # k == 0: the context pass still ran, no drafts
 
     def propose(self, step: DraftStep, hidden: np.ndarray) -> DraftResult:
         start = time.perf_counter()
@@ -162,7 +162,8 @@ class DrafterEngine:
             h = torch.from_numpy(hidden)
         if step.hidden_dtype == "bfloat16":
             h = h.view(torch.bfloat16)
-        drafts = self.propose_tensors(step, h)
+        drafts, cold = self.propose_tensors(step, h)
         return DraftResult(
-            step.step_id, DraftStatus.OK, drafts.to(torch.int32).cpu().numpy(), (time.perf_counter() - start) * 1e3
+            step.step_id, DraftStatus.OK, drafts.to(torch.int32).cpu().numpy(), (time.perf_counter() - start) * 1e3,
+            active_sequences=self.num_active_sequences, cold_sequences=cold,
         )

@@ -5,6 +5,10 @@ is simply overwritten when p is written again, which covers the three cases the 
 accepted tokens replacing the speculative entries of the last step, a preempted sequence restarting at
 position 0, and draft steps writing ahead. Attention only reads positions <= the query's, so stale entries
 further right are never seen.
+
+A sequence first seen mid-stream (re-homed here after its drafter died or scaled down) has no entries before
+its first position: ``known_from[slot]`` records that position, and attention masks keys before it, so the
+sequence drafts from the context it has here rather than from another sequence's stale entries.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class DraftKVCache:
         self.v = [torch.zeros_like(t) for t in self.k]
         self.slot_of: dict[str, int] = {}
         self.free_slots = list(range(initial_slots - 1, -1, -1))
+        self.known_from = torch.zeros(initial_slots, dtype=torch.long, device=device)  # [num_slots]
 
     @property
     def num_slots(self) -> int:
@@ -53,19 +58,26 @@ class DraftKVCache:
         for lst in (self.k, self.v):
             for i, t in enumerate(lst):
                 lst[i] = torch.cat([t, torch.zeros(new - old, *self.shape_tail, dtype=self.dtype, device=self.device)])
+        self.known_from = torch.cat([self.known_from, self.known_from.new_zeros(new - old)])
         self.free_slots = list(range(new - 1, old - 1, -1)) + self.free_slots
 
-    def slots_for(self, req_ids: list[str]) -> torch.Tensor:  # [B] slot indices, allocating new sequences
-        out = []
-        for rid in req_ids:
+    def slots_for(
+        self, req_ids: list[str], start_positions: list[int]
+    ) -> tuple[torch.Tensor, int]:  # ([B] slot indices, allocating new sequences; how many arrived mid-stream)
+        out, cold = [], 0
+        for rid, pos in zip(req_ids, start_positions, strict=True):
             slot = self.slot_of.get(rid)
             if slot is None:
                 if not self.free_slots:
                     self._grow()
                 slot = self.free_slots.pop()
                 self.slot_of[rid] = slot
+                self.known_from[slot] = pos
+                cold += pos > 0
+            elif pos < self.known_from[slot]:  # restarted (preempted): everything from pos is rewritten
+                self.known_from[slot] = pos
             out.append(slot)
-        return torch.tensor(out, dtype=torch.long, device=self.device)
+        return torch.tensor(out, dtype=torch.long, device=self.device), cold
 
     def free(self, req_ids: list[str]) -> None:
         for rid in req_ids:

@@ -32,6 +32,9 @@ class ProposeTiming:
 class DraftClient(Protocol):
     def propose(self, step: DraftStep, hidden: torch.Tensor) -> tuple[DraftResult, ProposeTiming]: ...
 
+    def free(self, req_ids: list[str]) -> None:
+        """Drop finished sequences' draft state (when no further step would carry them in ``finished``)."""
+
 
 def hidden_to_numpy(hidden: torch.Tensor) -> tuple[np.ndarray, str]:
     """[N, width] tensor -> numpy (bf16 travels as its int16 bits, since numpy has no bf16)."""
@@ -72,6 +75,11 @@ class ActorDraftClient:
         return timed_propose(
             step, hidden, lambda packed, ref: ray.get(self.actor.propose.remote(packed, ref), timeout=self.timeout_s)
         )
+
+    def free(self, req_ids: list[str]) -> None:
+        import ray
+
+        ray.get(self.actor.free.remote(req_ids), timeout=self.timeout_s)
 
 
 def build_client(spec: dict[str, Any]) -> DraftClient:

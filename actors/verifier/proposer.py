@@ -152,8 +152,11 @@ class RemoteEagleProposer(EagleProposer):
         self.state.steps += 1
         try:
             result, timing = self.client.propose(step, hidden)
-            if result.status is not DraftStatus.OK:
+            if result.status is DraftStatus.FAILED:
                 raise RuntimeError(result.error or "drafter reported a failure")
+            if result.status is DraftStatus.PARTIAL:  # some sequences got placeholders; the rest drafted
+                self.state.failures += 1
+                logger.warning("drafter failed for part of step %d (%s)", step.step_id, result.error)
             drafts = torch.from_numpy(np.array(result.draft_token_ids, dtype=np.int64)).to(placeholder.device)
         except Exception as e:  # a drafter that errors or dies never fails a request
             self.state.failures += 1
@@ -166,6 +169,18 @@ class RemoteEagleProposer(EagleProposer):
                        timing.wait_ms, timing.compute_ms)
         )
         return drafts
+
+    def free_now(self, req_ids: list[str]) -> None:
+        """Free finished sequences' draft state at once (the engine is going idle: no step will carry them)."""
+        if not req_ids or not self.is_driver or self.client is None:
+            return
+        self._live -= set(req_ids)
+        for rid in req_ids:
+            self.state.pending.pop(rid, None)
+        try:
+            self.client.free(req_ids)
+        except Exception as e:  # the drafter is gone, and its state with it
+            logger.info("freeing %d finished sequences failed (%s)", len(req_ids), e)
 
     def _account(self, seqs: list[SeqSlice], finished: list[str], k: int, in_prefill: list[bool]) -> None:
         """Per-request acceptance, vLLM's definitions: a decode step that follows k drafts and ships

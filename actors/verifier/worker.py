@@ -57,8 +57,13 @@ class RemoteDraftWorker(_PlatformWorker):
         finally:
             samples.append((time.perf_counter() - start) * 1e3)
 
-    def execute_model(self, *args: Any, **kwargs: Any):
-        return self._timed(self._forward_ms, super().execute_model, *args, **kwargs)
+    def execute_model(self, scheduler_output, *args: Any, **kwargs: Any):
+        drafter = getattr(self.model_runner, "drafter", None)
+        if isinstance(drafter, RemoteEagleProposer) and scheduler_output.total_num_scheduled_tokens == 0:
+            # The engine's last step before going idle carries the requests that just finished: free their
+            # draft state now, since no propose() follows to carry them.
+            drafter.free_now(sorted(scheduler_output.finished_req_ids))
+        return self._timed(self._forward_ms, super().execute_model, scheduler_output, *args, **kwargs)
 
     def sample_tokens(self, *args: Any, **kwargs: Any):
         return self._timed(self._sample_ms, super().sample_tokens, *args, **kwargs)

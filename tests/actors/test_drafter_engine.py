@@ -12,14 +12,14 @@ from actors.eagle.layers import sdpa_attend
 from actors.messages import DraftStep, SeqSlice
 
 
-def reference_drafts(head, ids, hidden, k):
-    """Full recompute: rows (ids[t], hidden[t]) at positions 0..n-1, then k greedy drafts, each step
+def reference_drafts(head, ids, hidden, k, p0=0):
+    """Full recompute: rows (ids[t], hidden[t]) at positions p0..p0+n-1, then k greedy drafts, each step
     re-running the head over every row so far with a plain causal (and chunked) mask."""
     ids, hid = list(ids), [h for h in head.combine(hidden)]
     drafts = []
     for _ in range(k):
         n = len(ids)
-        pos = torch.arange(n)
+        pos = p0 + torch.arange(n)
 
         def attend(layer, q, kk, v, positions, n=n, pos=pos):
             m = torch.tril(torch.ones(n, n, dtype=torch.bool))
@@ -61,7 +61,7 @@ def test_batched_cached_drafts_match_recompute(toy_heads, name):
 
     # Step 1: prefill of three sequences at once.
     step, hidden = make_step(0, k, [(r, 0, full_ids[r][:n], full_hidden[r][:n]) for r, n in lengths.items()])
-    got = engine.propose_tensors(step, hidden)
+    got, _ = engine.propose_tensors(step, hidden)
     for i, (r, n) in enumerate(lengths.items()):
         assert got[i].tolist() == reference_drafts(head, full_ids[r][:n], full_hidden[r][:n], k), r
 
@@ -71,7 +71,7 @@ def test_batched_cached_drafts_match_recompute(toy_heads, name):
             for r, a in accepted.items()]
     step, hidden = make_step(1, k, seqs)
     step.finished = ["c"]
-    got = engine.propose_tensors(step, hidden)
+    got, _ = engine.propose_tensors(step, hidden)
     assert engine.num_active_sequences == 2
     for i, (r, a) in enumerate(accepted.items()):
         n = lengths[r] + a
@@ -79,7 +79,7 @@ def test_batched_cached_drafts_match_recompute(toy_heads, name):
 
     # Preemption: "a" comes back from position 0 with a longer prefix; the cache is overwritten by position.
     step, hidden = make_step(2, k, [("a", 0, full_ids["a"][:9], full_hidden["a"][:9])])
-    got = engine.propose_tensors(step, hidden)
+    got, _ = engine.propose_tensors(step, hidden)
     assert got[0].tolist() == reference_drafts(head, full_ids["a"][:9], full_hidden["a"][:9], k)
 
 
@@ -89,7 +89,7 @@ def test_free_releases_slots(toy_heads):
     width = engine.spec.fused_hidden_size
     seqs = [(f"r{i}", 0, torch.arange(3), torch.randn(3, width)) for i in range(20)]
     step, hidden = make_step(0, 2, seqs)
-    assert engine.propose_tensors(step, hidden).shape == (20, 2)
+    assert engine.propose_tensors(step, hidden)[0].shape == (20, 2)
     assert engine.num_active_sequences == 20
     engine.free([f"r{i}" for i in range(20)])
     assert engine.num_active_sequences == 0
@@ -101,3 +101,26 @@ def test_bad_step_is_refused(toy_heads):
     step, hidden = make_step(0, 2, [("x", 0, torch.arange(3), torch.randn(3, 64))])  # EAGLE-3 needs 3 x 64
     with pytest.raises(ValueError, match="hidden width"):
         engine.propose_tensors(step, hidden)
+
+
+def test_rehomed_sequence_drafts_from_the_context_it_has(toy_heads):
+    """A sequence first seen mid-stream (its drafter died) drafts as if its history began there, even in a
+    reused slot full of another sequence's entries."""
+    target_dir, heads = toy_heads
+    head = load_head(heads["eagle1"], target_dir)
+    engine = DrafterEngine(head, max_model_len=64, max_num_seqs=1)
+    width = head.spec.fused_hidden_size
+    g = torch.Generator().manual_seed(1)
+    ids, hidden = torch.randint(0, 300, (12,), generator=g), torch.randn(12, width, generator=g)
+    step, h = make_step(0, 2, [("old", 0, ids, hidden)])
+    engine.propose_tensors(step, h)
+    engine.free(["old"])
+    ids2, hidden2 = torch.randint(0, 300, (3,), generator=g), torch.randn(3, width, generator=g)
+    step, h = make_step(1, 2, [("moved", 9, ids2, hidden2)])  # positions 9..11, one slot: "old"'s
+    got, cold = engine.propose_tensors(step, h)
+    assert cold == 1
+    assert got[0].tolist() == reference_drafts(head, ids2, hidden2, 2, p0=9)
+    # Later steps keep to the known context, and a restart from 0 makes all of it known again.
+    step, h = make_step(2, 2, [("moved", 0, ids, hidden)])
+    got, cold = engine.propose_tensors(step, h)
+    assert cold == 0 and got[0].tolist() == reference_drafts(head, ids, hidden, 2)
