@@ -1,11 +1,11 @@
 """Do our client's figures agree with ``vllm bench serve``'s? Both clients, same endpoint, same prompts, in turns.
 
     python -m benchmarks.client_agreement [--base-url http://127.0.0.1:8000] [--num-prompts 32] [--concurrency 4]
-        [--max-tokens 64] [--rounds 2]
+        [--max-tokens 64] [--rounds 4]
 
 Without ``--base-url`` it serves the CPU default (``serve run`` of ``deploy/cpu.yaml``) for the run. Each round
-runs ``benchmarks.serving`` and then vLLM's client (``vllm.benchmarks.serve``, ``custom`` dataset over the same
-JSONL, greedy, ``ignore_eos``, no shuffle, no chat template), so the two see the same server state in turns.
+runs ``benchmarks.serving`` and vLLM's client (``vllm.benchmarks.serve``, ``custom`` dataset over the same JSONL,
+greedy, ``ignore_eos``, no shuffle, no chat template) one after the other, taking turns at going first.
 Prints per metric: ours, vLLM's, and vLLM / ours (medians over rounds). Token counts must match exactly; timings
 agree within the run-to-run noise, which the table also shows (ours, round to round).
 """
@@ -85,12 +85,17 @@ def compare(base_url: str, n: int, concurrency: int, max_tokens: int, rounds: in
     asyncio.run(run(base_url, prompts[:4], 8, 4, None, "warm-up", quiet=True))
     rows = []
     for i in range(rounds):
-        t0 = cpu_s()
-        ours = asyncio.run(run(base_url, prompts, max_tokens, concurrency, None, f"ours, round {i + 1}"))
-        t1 = cpu_s()
-        theirs = vllm_run(base_url, prompts_file, n, concurrency, max_tokens, tmp)
-        theirs["client_cpu_s"] = cpu_s() - t1
-        rows.append({"ours": ours_flat(ours, t1 - t0), "vllm": vllm_flat(theirs)})
+        row = {}
+        for who in ("ours", "vllm") if i % 2 == 0 else ("vllm", "ours"):  # alternate who goes first
+            t0 = cpu_s()
+            if who == "ours":
+                report = asyncio.run(run(base_url, prompts, max_tokens, concurrency, None, f"ours, round {i + 1}"))
+                row["ours"] = ours_flat(report, cpu_s() - t0)
+            else:
+                result = vllm_run(base_url, prompts_file, n, concurrency, max_tokens, tmp)
+                result["client_cpu_s"] = cpu_s() - t0
+                row["vllm"] = vllm_flat(result)
+        rows.append(row)
     return rows
 
 
@@ -113,7 +118,7 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--out", default=str(ROOT / "results" / "client_agreement"))
     args = p.parse_args()
     print(f"prompts: {SHIPPED_PROMPTS.relative_to(ROOT)} (first {args.num_prompts}), c={args.concurrency}, "

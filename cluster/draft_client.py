@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict, deque
 from typing import Any
 
 import numpy as np
@@ -63,10 +63,16 @@ class ServeDraftClient:
         self.new_group_size = new_group_size
         self.home: dict[str, str] = {}  # req_id -> drafter replica id
         self.to_free: dict[str, list[str]] = defaultdict(list)  # replica id -> finished req_ids not yet sent
+        self.lost: dict[str, str] = {}  # req_id -> the home it lost (its drafter failed), until re-homed
         self.rehomed = 0  # sequences that moved to another replica (their home died or was drained)
+        self.events: deque[tuple[float, str, int]] = deque(maxlen=1000)  # (time.time(), "failed"|"rehomed", seqs)
+
+    def stats(self) -> dict[str, Any]:
+        return {"rehomed": self.rehomed, "homes": dict(Counter(self.home.values())), "events": list(self.events)}
 
     def _finish(self, req_ids: list[str]) -> None:
         for rid in req_ids:
+            self.lost.pop(rid, None)
             h = self.home.pop(rid, None)
             if h is not None:
                 self.to_free[h].append(rid)
@@ -95,37 +101,44 @@ class ServeDraftClient:
         self._finish(step.finished)
         req_ids = [s.req_id for s in step.seqs]
         ship_ms = 0.0
-        calls: list[tuple[str | None, list[int], Any]] = []
+        calls: list[tuple[list[int], Any]] = []
         for home, idx in plan_groups(req_ids, self.home, self.new_group_size):
             sub, rows = step.select(idx)
             if home is not None:
                 sub.finished = self.to_free.pop(home, [])
             t = time.perf_counter()
-            array, sub.hidden_dtype = hidden_to_numpy(hidden[torch.from_numpy(rows)])
+            array, sub.hidden_dtype = hidden_to_numpy(hidden[torch.from_numpy(rows).to(hidden.device)])
             ref = ray.put(array)
             ship_ms += (time.perf_counter() - t) * 1e3
             handle = self.handle.options(session_id=route_key(home, len(idx)))
-            calls.append((home, idx, handle.propose.remote(sub.pack(), ref)))
+            calls.append((idx, handle.propose.remote(sub.pack(), ref)))
         frees = self._send_frees()  # homes with finished sequences but nothing to draft this step
 
         drafts = np.zeros((len(req_ids), step.num_speculative_tokens), np.int32)
         compute_ms, errors = 0.0, []
-        for home, idx, call in calls:
+        for idx, call in calls:
             try:
                 r = DraftResult.unpack(call.result(timeout_s=max(0.0, deadline - time.perf_counter())))
                 if r.status is not DraftStatus.OK:
                     raise RuntimeError(r.error or "drafter failed")
             except Exception as e:  # placeholders for these sequences; re-homed next step
                 errors.append(f"{len(idx)} sequences: {type(e).__name__}: {str(e)[:200]}")
+                self.events.append((time.time(), "failed", len(idx)))
                 for i in idx:
-                    self.home.pop(req_ids[i], None)
+                    lost = self.home.pop(req_ids[i], None)
+                    if lost is not None:
+                        self.lost[req_ids[i]] = lost
                 continue
             drafts[idx] = r.draft_token_ids
             compute_ms = max(compute_ms, r.compute_ms)
-            if home is not None and r.drafter_id != home:
-                self.rehomed += len(idx)
+            moved = 0
             for i in idx:
+                before = self.home.get(req_ids[i]) or self.lost.pop(req_ids[i], None)
+                moved += before is not None and before != r.drafter_id
                 self.home[req_ids[i]] = r.drafter_id
+            if moved:
+                self.rehomed += moved
+                self.events.append((time.time(), "rehomed", moved))
         self._await_frees(frees, max(0.0, deadline - time.perf_counter()))
         total_ms = (time.perf_counter() - start) * 1e3
         status = DraftStatus.OK

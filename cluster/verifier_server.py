@@ -106,10 +106,11 @@ class VerifierServer:
         return generate_latest(REGISTRY).decode()
 
     async def spec_stats(self) -> dict[str, Any]:
-        """The proposer's counters: drafter failures, steps, per-request acceptance (vLLM's names)."""
+        """The proposer's counters: drafter failures, steps, per-request acceptance (vLLM's names), and the draft
+        client's (re-homed sequences, sequences per drafter replica, failure / re-home events)."""
         rpc = await self.engine.collective_rpc("eagle_cluster_stats")
         driver = next(r for r in rpc if r["is_driver"])
-        return {k: driver[k] for k in ("steps", "failures", "per_request")}
+        return {k: driver[k] for k in ("steps", "failures", "per_request", "client")}
 
     async def check_health(self) -> None:
         await self.engine.check_health()

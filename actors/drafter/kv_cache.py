@@ -32,15 +32,20 @@ class DraftKVCache:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
     ) -> None:
+        self.num_layers, self.initial_slots = num_layers, initial_slots
         self.shape_tail = (max_len, num_kv_heads, head_dim)
         self.max_len = max_len
         self.max_slots = max_slots
         self.dtype, self.device = dtype, device
-        self.k = [torch.zeros(initial_slots, *self.shape_tail, dtype=dtype, device=device) for _ in range(num_layers)]
+        self._allocate(initial_slots)
+
+    def _allocate(self, num_slots: int) -> None:
+        self.k = [torch.zeros(num_slots, *self.shape_tail, dtype=self.dtype, device=self.device)
+                  for _ in range(self.num_layers)]
         self.v = [torch.zeros_like(t) for t in self.k]
         self.slot_of: dict[str, int] = {}
-        self.free_slots = list(range(initial_slots - 1, -1, -1))
-        self.known_from = torch.zeros(initial_slots, dtype=torch.long, device=device)  # [num_slots]
+        self.free_slots = list(range(num_slots - 1, -1, -1))
+        self.known_from = torch.zeros(num_slots, dtype=torch.long, device=self.device)  # [num_slots]
 
     @property
     def num_slots(self) -> int:
@@ -84,6 +89,8 @@ class DraftKVCache:
             slot = self.slot_of.pop(rid, None)
             if slot is not None:
                 self.free_slots.append(slot)
+        if not self.slot_of and self.num_slots > self.initial_slots:  # idle: give back what a burst grew
+            self._allocate(self.initial_slots)
 
     def write(
         self,

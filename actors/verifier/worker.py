@@ -99,6 +99,7 @@ class RemoteDraftWorker(_PlatformWorker):
             "failures": st.failures,
             "timings": [dataclasses.asdict(t) for t in st.timings],
             "per_request": {k: dataclasses.asdict(v) for k, v in st.per_request.items()},
+            "client": drafter.client.stats() if hasattr(getattr(drafter, "client", None), "stats") else {},
             "forward_ms": list(self._forward_ms),  # execute_model: the target forward
             "sample_ms": list(self._sample_ms),  # sample_tokens: rejection sampling + propose
         }

@@ -91,8 +91,10 @@ def test_free_releases_slots(toy_heads):
     step, hidden = make_step(0, 2, seqs)
     assert engine.propose_tensors(step, hidden)[0].shape == (20, 2)
     assert engine.num_active_sequences == 20
+    assert engine.cache.num_slots == 32  # grew from 8
     engine.free([f"r{i}" for i in range(20)])
     assert engine.num_active_sequences == 0
+    assert engine.cache.num_slots == 8  # idle: back to its starting size
 
 
 def test_bad_step_is_refused(toy_heads):

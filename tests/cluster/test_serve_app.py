@@ -4,74 +4,24 @@ from the proto, and Python handle calls against it; bad input gets a 4xx with a 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 
 import pytest
 
+from tests.cluster.serve_helpers import HTTP, MODEL, serve_run
+from tests.cluster.serve_helpers import get as _get
+from tests.cluster.serve_helpers import post as _post
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
-HTTP = "http://127.0.0.1:8000"
 GRPC = "127.0.0.1:9000"
-MODEL = "llama4-tiny"
-
-
-def _get(path: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(HTTP + path, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
-def _post(path: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
-    """(status, JSON body), or ``{"raw": text}`` for a body that is not JSON (server-sent events)."""
-    headers = {"Content-Type": "application/json", **(headers or {})}
-    req = urllib.request.Request(HTTP + path, data=body, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            status, raw = r.status, r.read()
-    except urllib.error.HTTPError as e:
-        status, raw = e.code, e.read()
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, {"raw": raw.decode(errors="replace")[:2000]}
 
 
 @pytest.fixture(scope="module")
 def server():
-    env = {**os.environ, "RAY_DEDUP_LOGS": "0"}
-    proc = subprocess.Popen(
-        [os.path.join(os.path.dirname(sys.executable), "serve"), "run", "deploy/cpu.yaml"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    deadline = time.time() + 600
-    try:
-        while time.time() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError("serve run exited:\n" + proc.stdout.read().decode()[-5000:])
-            try:
-                if _get("/health", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(2)
-        else:
-            raise TimeoutError("the app did not become healthy in 600 s")
+    with serve_run(ROOT / "deploy" / "cpu.yaml") as proc:
         yield proc
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")

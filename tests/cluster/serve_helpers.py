@@ -1,0 +1,116 @@
+"""Helpers for the tests that serve the app for real: ``serve run`` a YAML as a subprocess, plain HTTP calls,
+and the Serve replica actors of a running app (for killing one, or reading one drafter's stats)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.conftest import ROOT
+
+HTTP = "http://127.0.0.1:8000"
+MODEL = "llama4-tiny"
+APP = "eagle-cluster"
+
+
+def get(path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(HTTP + path, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def post(path: str, body: bytes, headers: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
+    """(status, JSON body), or ``{"raw": text}`` for a body that is not JSON (server-sent events)."""
+    headers = {"Content-Type": "application/json", **(headers or {})}
+    req = urllib.request.Request(HTTP + path, data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, raw = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, {"raw": raw.decode(errors="replace")[:2000]}
+
+
+def cpu_config(tmp: Path, grpc: bool = True, **args: Any) -> Path:
+    """``deploy/cpu.yaml`` with its ``args`` sections updated (``drafter={...}`` merges into ``drafter``)."""
+    doc = yaml.safe_load((ROOT / "deploy" / "cpu.yaml").read_text())
+    app_args = doc["applications"][0]["args"]
+    for section, values in args.items():
+        app_args.setdefault(section, {}).update(values)
+    for section in ("verifier", "speculative_config"):
+        app_args[section]["model"] = str(ROOT / app_args[section]["model"])
+    if not grpc:
+        doc.pop("grpc_options", None)
+    path = tmp / "app.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@contextlib.contextmanager
+def serve_run(config: Path, timeout_s: float = 600) -> Iterator[subprocess.Popen]:
+    """``serve run CONFIG`` until the app is healthy; SIGINT (then SIGKILL) afterwards."""
+    env = {**os.environ, "RAY_DEDUP_LOGS": "0"}
+    proc = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "serve"), "run", str(config)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    deadline = time.time() + timeout_s
+    try:
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError("serve run exited:\n" + proc.stdout.read().decode()[-5000:])
+            try:
+                if get("/health", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(2)
+        else:
+            raise TimeoutError(f"the app did not become healthy in {timeout_s} s")
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "stop", "--force"],
+                       capture_output=True)
+
+
+def replica_actors(deployment: str) -> list[dict[str, Any]]:
+    """The alive replica actors of one deployment of the app: ``[{"name", "pid", "replica_id", "node_id"}]``.
+    Needs ``ray.init(address="auto")`` first."""
+    from ray.util.state import list_actors
+
+    actors = list_actors(filters=[("class_name", "=", f"ServeReplica:{APP}:{deployment}"), ("state", "=", "ALIVE")])
+    return [{"name": a.name, "pid": a.pid, "replica_id": a.name.rsplit("#", 1)[-1], "node_id": a.node_id}
+            for a in actors]
+
+
+def drafter_stats(replica_id: str) -> dict[str, Any]:
+    """One drafter replica's stats, routed to it by the pool's own router (``cluster.drafter_router``)."""
+    from ray import serve
+
+    from cluster.drafter_router import route_key
+
+    handle = serve.get_deployment_handle("Drafter", app_name=APP)
+    return handle.options(session_id=route_key(replica_id, 0)).stats.remote().result(timeout_s=30)
