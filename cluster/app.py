@@ -68,7 +68,7 @@ def build_app(args: dict[str, Any]) -> Application:
         cfg.speculative_config.model, v.model, d.max_model_len or v.max_model_len + 8, d.num_threads
     )
 
-    bundle = {"GPU": 1, "CPU": 1} if v.accelerator == "gpu" else {"CPU": 1}
+    bundle = {"GPU": 1, "CPU": v.num_cpus} if v.accelerator == "gpu" else {"CPU": v.num_cpus}
     bundle.update(v.resources)
     verifier = serve.deployment(VerifierServer).options(
         name=VERIFIER,

@@ -51,6 +51,7 @@ class VerifierConfig(_Strict):
     max_num_seqs: int = Field(32, ge=1)
     num_replicas: int = Field(1, ge=1)
     accelerator: Literal["cpu", "gpu"] = "cpu"
+    num_cpus: float = Field(1.0, ge=0, description="CPUs per TP bundle")
     resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources, per TP bundle")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed through to vLLM")
 

@@ -10,6 +10,7 @@ response or an error (with its HTTP status), or ``("sse", str)`` for each server
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -59,6 +60,7 @@ class VerifierServer:
             max_model_len=v.max_model_len,
             max_num_seqs=v.max_num_seqs,
             served_model_name=v.name,
+            owner_pid=os.getpid(),  # the engine processes end with this replica
             **engine,
         )
         self.config = cfg
@@ -110,7 +112,10 @@ class VerifierServer:
         client's (re-homed sequences, sequences per drafter replica, failure / re-home events)."""
         rpc = await self.engine.collective_rpc("eagle_cluster_stats")
         driver = next(r for r in rpc if r["is_driver"])
-        return {k: driver[k] for k in ("steps", "failures", "per_request", "client")}
+        from ray import serve
+
+        replica = serve.get_replica_context().replica_id.unique_id
+        return {"replica": replica, **{k: driver[k] for k in ("steps", "failures", "per_request", "client")}}
 
     async def check_health(self) -> None:
         await self.engine.check_health()

@@ -18,11 +18,13 @@ def verifier_kwargs(
     target: str,
     speculative_config: dict[str, Any] | None,
     draft_client: dict[str, Any] | None,
+    owner_pid: int | None = None,
     **engine: Any,
 ) -> dict[str, Any]:
     """Keyword arguments for ``vllm.LLM`` / ``AsyncEngineArgs`` (on top of ``actors.vllm_engine.engine_kwargs``).
 
     ``draft_client=None`` keeps vLLM's own drafter (or none), with the worker's step timing: the baselines.
+    ``owner_pid``: the engine's processes end when that process dies (``actors.verifier.owner_watch``).
     """
     from actors.vllm_engine import engine_kwargs
 
@@ -31,6 +33,8 @@ def verifier_kwargs(
         additional[CONFIG_KEY] = {"remote_drafter": False}
     else:
         additional[CONFIG_KEY] = {"draft_client": dict(draft_client)}
+    if owner_pid is not None:
+        additional[CONFIG_KEY]["owner_pid"] = owner_pid
     kwargs = engine_kwargs(target, speculative_config=speculative_config, **engine)
     kwargs.update(worker_cls=WORKER_CLS, additional_config=additional, async_scheduling=False)
     return kwargs

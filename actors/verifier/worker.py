@@ -27,6 +27,7 @@ else:  # pragma: no cover - GPU
 
 from actors import vllm_fixes
 from actors.verifier.client import build_client
+from actors.verifier.owner_watch import watch_owner
 from actors.verifier.proposer import ProposerState, RemoteEagleProposer
 
 CONFIG_KEY = "eagle_cluster"
@@ -72,6 +73,8 @@ class RemoteDraftWorker(_PlatformWorker):
         super().init_device()
         runner = self.model_runner
         cfg: dict[str, Any] = (self.vllm_config.additional_config or {}).get(CONFIG_KEY, {})
+        if cfg.get("owner_pid"):
+            watch_owner(int(cfg["owner_pid"]))
         if not cfg.get("remote_drafter", True):
             return  # timing only: vLLM's own drafter (colocated) or none (target-only), for benchmarks
         if self.vllm_config.speculative_config is None or not hasattr(runner, "drafter"):

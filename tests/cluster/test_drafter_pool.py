@@ -1,0 +1,232 @@
+"""The elastic drafter pool, served for real (``serve run``, HTTP through the ``openai`` client): it scales up
+under load on its own, survives a drafter process killed under 32 concurrent generations (outputs exact,
+speculation back within 2 s), leaks nothing over a 500-request soak, scales down when idle, and a killed
+verifier ends its requests with a 503 at once and serves again once Serve has replaced it.
+
+Greedy outputs are compared token for token (``return_token_ids``) with vLLM target-only. Figures (time to
+scale, acceptance before / during / after the kill, memory) are printed; ``-s`` shows them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from actors.metrics import from_prometheus_text
+from benchmarks.serving import load_prompts
+from tests.cluster.serve_helpers import HTTP, MODEL, cpu_config, drafter_stats, get, replica_actors, serve_run
+
+pytestmark = pytest.mark.slow
+MAX_TOKENS = 64
+NUM_PROMPTS = 32
+POOL = {
+    "drafter": {"num_cpus": 0.5, "num_replicas": None, "autoscaling_config": {
+        "min_replicas": 1, "max_replicas": 2, "target_sequences_per_replica": 8, "upscale_delay_s": 0,
+        "downscale_delay_s": 15, "look_back_period_s": 4, "metrics_interval_s": 0.5}},
+}
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, list[int]]:
+    """vLLM target-only greedy token ids for the prompts the tests send (before any server starts)."""
+    from vllm import SamplingParams
+
+    from tests.actors import vllm_helpers as vh
+
+    prompts = load_prompts(None, NUM_PROMPTS)
+    ids, _ = vh.target_only(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
+    return dict(zip(prompts, ids, strict=True))
+
+
+@pytest.fixture(scope="module")
+def server(reference, tmp_path_factory):
+    import ray
+
+    with serve_run(cpu_config(tmp_path_factory.mktemp("pool"), grpc=False, **POOL)) as proc:
+        ray.init(address="auto", namespace="pool-test", log_to_driver=False)
+        yield proc
+        ray.shutdown()
+
+
+async def _one(client, prompt: str, max_tokens: int) -> tuple[str, list[int] | str]:
+    try:
+        out = await client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        )
+        return prompt, list(out.choices[0].token_ids)
+    except Exception as e:
+        return prompt, f"{type(e).__name__}: {e}"
+
+
+async def _load(prompts: list[str], concurrency: int, max_tokens: int = MAX_TOKENS, during=None):
+    """Send ``prompts`` at ``concurrency``; ``during(elapsed_s)`` is polled every 0.2 s meanwhile."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=HTTP + "/v1", api_key="unused", max_retries=0, timeout=300)
+    sem = asyncio.Semaphore(concurrency)
+
+    async def guarded(p):
+        async with sem:
+            return await _one(client, p, max_tokens)
+
+    start = time.time()
+    tasks = [asyncio.create_task(guarded(p)) for p in prompts]
+    while during is not None and not all(t.done() for t in tasks):
+        await asyncio.to_thread(during, time.time() - start)
+        await asyncio.sleep(0.2)
+    results = await asyncio.gather(*tasks)
+    await client.close()
+    return results
+
+
+def _check_exact(results, reference) -> None:
+    failed = [r for _, r in results if isinstance(r, str)]
+    assert not failed, failed[:3]
+    wrong = [p for p, ids in results if ids != reference[p]]
+    assert not wrong, f"{len(wrong)} outputs differ from target-only"
+
+
+def _spec():
+    return from_prometheus_text(get("/metrics")[1].decode())
+
+
+def _spec_stats() -> dict:
+    from ray import serve
+
+    return serve.get_deployment_handle("Verifier", app_name="eagle-cluster").spec_stats.remote().result(timeout_s=30)
+
+
+def _mal(delta) -> float:
+    return 1 + delta.num_accepted_tokens / delta.num_drafts if delta.num_drafts else float("nan")
+
+
+def test_pool_scales_up_under_load_and_outputs_stay_exact(server, reference):
+    assert len(replica_actors("Drafter")) == 1
+    prompts = list(reference) * 3
+    seen: dict[str, float] = {}
+
+    def watch(elapsed: float) -> None:
+        for a in replica_actors("Drafter"):
+            if a["replica_id"] not in seen and drafter_stats(a["replica_id"])["steps"] > 0:
+                seen[a["replica_id"]] = elapsed
+
+    results = asyncio.run(_load(prompts, 32, during=watch))
+    _check_exact(results, reference)
+    assert len(seen) == 2, f"a second drafter never served traffic: {seen}"
+    print(f"\nload increase -> second drafter serving traffic: {max(seen.values()):.1f} s")
+
+
+def test_drafter_killed_under_32_streams(server, reference):
+    """SIGKILL a drafter replica's process while 32 sequences generate: 0 failures, exact outputs, and the
+    killed replica's sequences speculate again on the other replica within 2 s."""
+    drafters = replica_actors("Drafter")
+    assert len(drafters) == 2
+    victim = max(drafters, key=lambda a: drafter_stats(a["replica_id"])["active_sequences"])
+    marks: dict[str, object] = {"start": _spec()}
+
+    def kill_after(elapsed: float) -> None:
+        if "kill" not in marks and elapsed > 3:
+            marks["before"] = _spec()
+            marks["kill"] = time.time()
+            os.kill(victim["pid"], signal.SIGKILL)
+        elif "kill" in marks and "during" not in marks and time.time() - marks["kill"] > 2:
+            marks["during"] = _spec()
+
+    results = asyncio.run(_load(list(reference) * 2, 32, during=kill_after))
+    marks["end"] = _spec()
+    _check_exact(results, reference)
+    assert "kill" in marks and "during" in marks, "the run ended before the kill and its aftermath"
+    events = [e for e in _spec_stats()["client"]["events"] if e[0] >= marks["kill"]]
+    failed = [t for t, kind, _ in events if kind == "failed"]
+    rehomed = [t for t, kind, _ in events if kind == "rehomed"]
+    assert failed and rehomed, events
+    recovery = min(rehomed) - marks["kill"]
+    before = marks["before"] - marks["start"]
+    during = marks["during"] - marks["before"]
+    after = marks["end"] - marks["during"]
+    print(f"\nkill -> first failed step {min(failed) - marks['kill']:.3f} s, -> re-homed and drafting "
+          f"{recovery:.3f} s; acceptance length before {_mal(before):.2f}, 2 s after the kill {_mal(during):.2f}, "
+          f"after {_mal(after):.2f}")
+    assert recovery < 2.0
+    assert after.num_accepted_tokens > 0
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def test_soak_500_requests_leaks_nothing(server, reference):
+    drafters = replica_actors("Drafter")
+    rss_before = {a["replica_id"]: _rss_mb(a["pid"]) for a in drafters}
+    prompts = [list(reference)[i % NUM_PROMPTS] for i in range(500)]
+    start = time.time()
+    results = asyncio.run(_load(prompts, 32, max_tokens=16))
+    took = time.time() - start
+    errors = [r for _, r in results if isinstance(r, str)]
+    assert not errors, errors[:3]
+    wrong = [p for p, ids in results if ids != reference[p][:16]]
+    assert not wrong
+    deadline = time.time() + 10
+    while True:  # the engine's last step frees the last finished sequences
+        active = {a["replica_id"]: drafter_stats(a["replica_id"])["active_sequences"]
+                  for a in replica_actors("Drafter")}
+        if sum(active.values()) == 0 or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert sum(active.values()) == 0, active
+    rss_after = {a["replica_id"]: _rss_mb(a["pid"]) for a in replica_actors("Drafter") if a["replica_id"] in rss_before}
+    print(f"\nsoak: 500 requests in {took:.1f} s, 0 errors; drafter RSS MB before {rss_before}, after {rss_after}")
+    for rid, mb in rss_after.items():
+        assert mb < rss_before[rid] * 1.15 + 20, (rid, rss_before[rid], mb)
+
+
+def test_pool_scales_down_when_idle(server):
+    deadline = time.time() + 90
+    while len(replica_actors("Drafter")) > 1 and time.time() < deadline:
+        time.sleep(1)
+    assert len(replica_actors("Drafter")) == 1
+
+
+def test_verifier_killed_requests_end_with_503_then_it_serves_again(server, reference):
+    import json
+    import threading
+
+    from tests.cluster.serve_helpers import post
+
+    (verifier,) = replica_actors("Verifier")
+    prompt = next(iter(reference))
+    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 512, "ignore_eos": True}).encode()
+    outcomes: list[tuple[int, float]] = []
+
+    def request() -> None:
+        status, _ = post("/v1/completions", body, timeout=120)
+        outcomes.append((status, time.time()))
+
+    threads = [threading.Thread(target=request) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(2)
+    killed = time.time()
+    os.kill(verifier["pid"], signal.SIGKILL)
+    for t in threads:
+        t.join(timeout=120)
+    assert len(outcomes) == 4
+    assert all(status == 503 for status, _ in outcomes), outcomes
+    slowest = max(t for _, t in outcomes) - killed
+    print(f"\nverifier killed: 4 in-flight requests answered 503 within {slowest:.2f} s")
+    assert slowest < 10
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        status, _ = post("/v1/completions", json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 8}).encode())
+        if status == 200:
+            break
+        assert status == 503
+        time.sleep(3)
+    assert status == 200
+    print(f"served again {time.time() - killed:.0f} s after the kill")

@@ -1,0 +1,80 @@
+"""Several Ray nodes on one machine (``ray.cluster_utils.Cluster``): two verifier replicas on one node share one
+drafter on another, placed by custom resources; hidden states cross nodes as object refs; outputs unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from benchmarks.serving import load_prompts
+from tests.cluster.serve_helpers import APP, drafter_stats, replica_actors
+from tests.cluster.test_drafter_pool import _check_exact, _load
+from tests.conftest import EAGLE1, TARGET
+
+pytestmark = pytest.mark.slow
+MAX_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, list[int]]:
+    from vllm import SamplingParams
+
+    from tests.actors import vllm_helpers as vh
+
+    prompts = load_prompts(None, 12)
+    ids, _ = vh.target_only(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
+    return dict(zip(prompts, ids, strict=True))
+
+
+@pytest.fixture(scope="module")
+def nodes(reference):
+    import ray
+    from ray import serve
+    from ray.cluster_utils import Cluster
+
+    from cluster.app import build_app
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    verifier_node = cluster.add_node(num_cpus=1, resources={"verifier_node": 2})
+    drafter_node = cluster.add_node(num_cpus=1, resources={"drafter_node": 1})
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": 8000})
+        app = build_app({
+            "verifier": {"model": str(TARGET), "served_model_name": "llama4-tiny", "max_model_len": 512,
+                         "num_replicas": 2, "num_cpus": 0.5, "resources": {"verifier_node": 1}},
+            "speculative_config": {"method": "eagle", "model": str(EAGLE1), "num_speculative_tokens": 3},
+            "drafter": {"num_cpus": 0.5, "num_replicas": 1, "resources": {"drafter_node": 1}},
+        })
+        serve.run(app, name=APP, route_prefix="/")
+        yield {"verifier": verifier_node.node_id, "drafter": drafter_node.node_id}
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_verifiers_and_drafter_on_their_nodes_outputs_exact(nodes, reference):
+    from ray import serve
+
+    verifiers, drafters = replica_actors("Verifier"), replica_actors("Drafter")
+    assert len(verifiers) == 2 and {v["node_id"] for v in verifiers} == {nodes["verifier"]}
+    assert len(drafters) == 1 and drafters[0]["node_id"] == nodes["drafter"]
+
+    results = asyncio.run(_load(list(reference) * 2, 8, max_tokens=MAX_TOKENS))
+    _check_exact(results, reference)
+
+    stats = drafter_stats(drafters[0]["replica_id"])
+    assert stats["node_id"] == nodes["drafter"] and stats["steps"] > 0 and stats["failures"] == 0
+    handle = serve.get_deployment_handle("Verifier", app_name=APP)
+    per_replica = {}
+    for _ in range(40):  # Serve spreads these calls over both verifier replicas
+        s = handle.spec_stats.remote().result(timeout_s=30)
+        per_replica[s["replica"]] = s
+        if len(per_replica) == 2:
+            break
+    assert len(per_replica) == 2
+    for s in per_replica.values():  # each verifier drafted through the shared drafter, across nodes
+        assert s["steps"] > 0 and s["failures"] == 0
+        assert sum(r["num_accepted_tokens"] for r in s["per_request"].values()) > 0
