@@ -51,13 +51,15 @@ def vllm_server(method: str | None) -> tuple[list[str], str]:
     return cmd, f"http://127.0.0.1:{VLLM_PORT}"
 
 
-def cluster_server(method: str, tmp: Path) -> tuple[list[str], str]:
+def cluster_server(method: str, tmp: Path, drafter: dict | None = None, name: str = "") -> tuple[list[str], str]:
+    """``serve run`` of ``deploy/cpu.yaml`` with this head (and ``drafter`` settings merged in)."""
     doc = yaml.safe_load((ROOT / "deploy" / "cpu.yaml").read_text())
     args = doc["applications"][0]["args"]
     args["speculative_config"].update(method=method, model=str(HEADS[method]))
     args["verifier"]["model"] = str(MODELS / "llama4-tiny")
+    args["drafter"].update(drafter or {})
     doc.pop("grpc_options", None)
-    path = tmp / f"cluster-{method}.yaml"
+    path = tmp / f"cluster-{method}{name}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return [str(Path(sys.executable).parent / "serve"), "run", str(path)], "http://127.0.0.1:8000"
 

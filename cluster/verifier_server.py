@@ -28,6 +28,21 @@ def vllm_cli_args(model: str, served_model_name: str) -> Any:
     return parser.parse_args(["--model", model, "--served-model-name", served_model_name])
 
 
+def pool_metrics_text(stats: dict[str, Any]) -> str:
+    """Prometheus counters from ``spec_stats``: draft steps, failed draft steps, re-homed sequences."""
+    counters = [
+        ("eagle_cluster_draft_steps_total", "draft steps sent to the drafter pool", stats["steps"]),
+        ("eagle_cluster_draft_failures_total", "draft steps with a failed drafter (placeholders proposed)",
+         stats["failures"]),
+        ("eagle_cluster_rehomed_sequences_total", "sequences moved to another drafter replica",
+         stats.get("client", {}).get("rehomed", 0)),
+    ]
+    lines = []
+    for name, help_text, value in counters:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {value}"]
+    return "\n".join(lines) + "\n"
+
+
 class VerifierServer:
     async def __init__(self, config: dict[str, Any], drafter) -> None:
         """``drafter``: the drafter deployment's handle. vLLM's engine runs in its own process, so it gets the
@@ -102,10 +117,11 @@ class VerifierServer:
         return (await self.state.openai_serving_models.show_available_models()).model_dump()
 
     async def metrics(self) -> str:
-        """Prometheus text of this replica: vLLM's metrics (``vllm:spec_decode_*`` among them)."""
+        """Prometheus text of this replica: vLLM's metrics (``vllm:spec_decode_*`` among them), then the drafter
+        pool's as this verifier sees it (``eagle_cluster_*``)."""
         from prometheus_client import REGISTRY, generate_latest
 
-        return generate_latest(REGISTRY).decode()
+        return generate_latest(REGISTRY).decode() + pool_metrics_text(await self.spec_stats())
 
     async def spec_stats(self) -> dict[str, Any]:
         """The proposer's counters: drafter failures, steps, per-request acceptance (vLLM's names), and the draft

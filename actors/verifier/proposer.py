@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +34,7 @@ from actors.metrics import SpecDecodeStats
 from actors.verifier.client import DraftClient
 
 logger = logging.getLogger(__name__)
+MAX_PER_REQUEST = 4096
 
 
 @dataclass
@@ -52,7 +54,7 @@ class ProposerState:
     steps: int = 0
     failures: int = 0
     timings: list[StepTiming] = field(default_factory=list)
-    per_request: dict[str, SpecDecodeStats] = field(default_factory=dict)
+    per_request: OrderedDict[str, SpecDecodeStats] = field(default_factory=OrderedDict)  # the latest requests
     pending: dict[str, tuple[int, int]] = field(default_factory=dict)  # req -> (drafts sent, last position)
 
 
@@ -194,7 +196,11 @@ class RemoteEagleProposer(EagleProposer):
             if sent is not None and s.start_position == sent[1] + 1:
                 n_drafts, _ = sent
                 accepted = max(0, min(n_drafts, s.num_tokens - 1))
-                stats = st.per_request.setdefault(s.req_id, SpecDecodeStats(accepted_per_pos=[0] * n_drafts))
+                stats = st.per_request.get(s.req_id)
+                if stats is None:
+                    stats = st.per_request[s.req_id] = SpecDecodeStats(accepted_per_pos=[0] * n_drafts)
+                    if len(st.per_request) > MAX_PER_REQUEST:  # a server's lifetime of requests: keep the latest
+                        st.per_request.popitem(last=False)
                 stats.num_drafts += 1
                 stats.num_draft_tokens += n_drafts
                 stats.num_accepted_tokens += accepted
