@@ -116,6 +116,12 @@ class DraftResult:
     drafter_id: str = ""  # who drafted (a pool's replica id), so a router can send a sequence back there
     active_sequences: int = 0  # sequences the drafter holds draft state for, after this step
     cold_sequences: int = 0  # sequences first seen mid-stream (re-homed): drafted without their earlier context
+    branch_lookups: int = 0  # sequences that had drafts precomputed for this step (asynchronous drafting)
+    hit_rows: list[int] = field(default_factory=list)  # sequences (rows) answered from those drafts: the hits
+
+    @property
+    def branch_hits(self) -> int:
+        return len(self.hit_rows)
 
     def pack(self) -> bytes:
         return msgpack.packb(
@@ -129,6 +135,8 @@ class DraftResult:
                 "drafter_id": self.drafter_id,
                 "active_sequences": self.active_sequences,
                 "cold_sequences": self.cold_sequences,
+                "branch_lookups": self.branch_lookups,
+                "hit_rows": list(self.hit_rows),
             },
             use_bin_type=True,
         )
@@ -140,4 +148,5 @@ class DraftResult:
         return cls(
             int(d["step_id"]), DraftStatus(d["status"]), drafts, float(d["compute_ms"]), str(d["error"]),
             str(d.get("drafter_id", "")), int(d.get("active_sequences", 0)), int(d.get("cold_sequences", 0)),
+            int(d.get("branch_lookups", 0)), [int(i) for i in d.get("hit_rows", [])],
         )

@@ -53,6 +53,7 @@ class Report:
     tpot_ms: dict[str, float]
     itl_ms: dict[str, float]
     spec: dict | None
+    branches: dict[str, float] | None = None  # asynchronous drafting: {"lookups", "hits"} over the run
 
     @property
     def output_throughput(self) -> float:
@@ -82,6 +83,10 @@ class Report:
         if self.spec and self.spec["num_drafts"]:
             s = SpecDecodeStats(**self.spec)
             lines += ["-" * 50, s.table(self.output_tokens)]
+        if self.branches and self.branches["lookups"]:
+            b = self.branches
+            lines += [f"{'Async drafting: precomputed / hits:':<40}{b['lookups']:.0f} / {b['hits']:.0f}",
+                      f"{'Async drafting: hit rate (%):':<40}{100 * b['hits'] / b['lookups']:.2f}"]
         lines.append("=" * 50)
         return "\n".join(lines)
 
@@ -115,9 +120,15 @@ def load_prompts(path: str | None, n: int) -> list[str]:
     return [prompts[i % len(prompts)] for i in range(n)]
 
 
-def scrape(base_url: str) -> SpecDecodeStats:
+BRANCH_COUNTERS = {"lookups": "eagle_cluster_branch_lookups_total", "hits": "eagle_cluster_branch_hits_total"}
+
+
+def scrape(base_url: str) -> tuple[SpecDecodeStats, dict[str, float]]:
+    """vLLM's speculative counters, and the cluster's asynchronous drafting counters (absent elsewhere: 0)."""
     with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as r:
-        return from_prometheus_text(r.read().decode())
+        text = r.read().decode()
+    values = {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines() if ln.startswith("eagle_cluster_")}
+    return from_prometheus_text(text), {k: values.get(name, 0.0) for k, name in BRANCH_COUNTERS.items()}
 
 
 async def one_request(client, model: str, prompt: str, max_tokens: int) -> RequestResult:
@@ -155,7 +166,7 @@ async def run(
 
     client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0, timeout=600)
     model = (await client.models.list()).data[0].id
-    before = scrape(base_url)
+    before, branches_before = scrape(base_url)
     sem = asyncio.Semaphore(concurrency or len(prompts))
     rng = random.Random(seed)
     bar = tqdm(total=len(prompts), desc=label, disable=quiet)
@@ -176,7 +187,9 @@ async def run(
     duration = time.perf_counter() - start
     bar.close()
     await client.close()
-    spec = scrape(base_url) - before
+    after, branches_after = scrape(base_url)
+    spec = after - before
+    branches = {k: branches_after[k] - branches_before[k] for k in BRANCH_COUNTERS}
     ok = [r for r in results if r.ok]
     tpot = [(r.latency_s - r.ttft_s) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
     return Report(
@@ -185,7 +198,7 @@ async def run(
         input_tokens=sum(r.prompt_tokens for r in ok), output_tokens=sum(r.output_tokens for r in ok),
         ttft_ms=percentiles([r.ttft_s for r in ok]), tpot_ms=percentiles(tpot),
         itl_ms=percentiles([x for r in ok for x in r.itl_s]),
-        spec=asdict(spec) if spec.num_drafts else None,
+        spec=asdict(spec) if spec.num_drafts else None, branches=branches if branches["lookups"] else None,
     )
 
 

@@ -33,7 +33,9 @@ from benchmarks.serving import load_prompts, run
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
 HEADS = {"eagle": MODELS / "eagle-llama4-tiny-1l", "eagle3": MODELS / "eagle3-llama4-tiny"}
-MODES = ["target-only", "colocated-eagle", "colocated-eagle3", "cluster-eagle", "cluster-eagle3"]
+MODES = ["target-only", "colocated-eagle", "colocated-eagle3", "cluster-eagle", "cluster-eagle3",
+         "cluster-eagle-async", "cluster-eagle3-async"]
+DEFAULT_MODES = MODES[:5]  # the async modes: benchmarks/async_drafting.py
 VLLM_PORT = 8001
 
 
@@ -126,7 +128,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, nargs="*", default=[1, 4, 16, 32])
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--modes", nargs="*", default=MODES, choices=MODES)
+    p.add_argument("--modes", nargs="*", default=DEFAULT_MODES, choices=MODES)
     p.add_argument("--out", default=str(ROOT / "results" / "serving"))
     args = p.parse_args()
     out = Path(args.out)
@@ -138,7 +140,9 @@ def main() -> None:
         for mode in args.modes:
             kind, _, method = mode.partition("-")
             if kind == "cluster":
-                cmd, base = cluster_server(method, Path(tmp))
+                method, _, variant = method.partition("-")
+                drafter = {"async_drafting": {"enabled": True}} if variant == "async" else None
+                cmd, base = cluster_server(method, Path(tmp), drafter, name=variant)
             else:
                 cmd, base = vllm_server(None if kind == "target" else method)
             proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -155,7 +159,8 @@ def main() -> None:
                 stop(proc)
     (out / "results.json").write_text(json.dumps(results, indent=2))
     base_tps = {c: r["output_tokens"] / r["duration_s"] for c, r in results.get("target-only", {}).items()}
-    print("\nmode | concurrency | output tok/s | median TPOT ms | MAL | speedup | efficiency | cluster/colocated")
+    print("\nmode | concurrency | output tok/s | median TPOT ms | p99 TPOT ms | MAL | speedup | efficiency | "
+          "cluster/colocated | async hit rate")
     for mode, by_c in results.items():
         for c, r in by_c.items():
             tps = r["output_tokens"] / r["duration_s"]
@@ -163,11 +168,14 @@ def main() -> None:
             mal = 1 + spec["num_accepted_tokens"] / spec["num_drafts"] if spec and spec["num_drafts"] else 1.0
             speedup = tps / base_tps[c] if c in base_tps else float("nan")
             ratio = ""
-            if mode.startswith("cluster-") and f"colocated-{mode.split('-')[1]}" in results:
-                colo = results[f"colocated-{mode.split('-')[1]}"][c]
+            method = mode.split("-")[1] if mode.startswith("cluster-") else ""
+            if method and f"colocated-{method}" in results:
+                colo = results[f"colocated-{method}"][c]
                 ratio = f"{tps / (colo['output_tokens'] / colo['duration_s']):.2f}"
-            print(f"{mode} | {c} | {tps:.1f} | {r['tpot_ms']['median']:.2f} | {mal:.2f} | {speedup:.2f} | "
-                  f"{speedup / mal:.2f} | {ratio}")
+            b = r.get("branches")
+            hit = f"{b['hits'] / b['lookups']:.2f}" if b and b["lookups"] else ""
+            print(f"{mode} | {c} | {tps:.1f} | {r['tpot_ms']['median']:.2f} | {r['tpot_ms']['p99']:.2f} | {mal:.2f} | "
+                  f"{speedup:.2f} | {speedup / mal:.2f} | {ratio} | {hit}")
     plots(results, out)
     print(f"\nresults and plots in {out}")
 

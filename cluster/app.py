@@ -65,7 +65,8 @@ def build_app(args: dict[str, Any]) -> Application:
     else:
         drafter_opts["num_replicas"] = d.num_replicas or 1
     drafter = serve.deployment(DrafterServer).options(**drafter_opts).bind(
-        cfg.speculative_config.model, v.model, d.max_model_len or v.max_model_len + 8, d.num_threads
+        cfg.speculative_config.model, v.model, d.max_model_len or v.max_model_len + 8, d.num_threads,
+        d.async_drafting.for_drafter(),
     )
 
     bundle = {"GPU": 1, "CPU": v.num_cpus} if v.accelerator == "gpu" else {"CPU": v.num_cpus}

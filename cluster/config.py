@@ -123,6 +123,18 @@ class AutoscalingConfig(_Strict):
         return self
 
 
+class AsyncDraftingConfig(_Strict):
+    """Asynchronous drafting (``actors.drafter.branches``): while the verifier verifies, each drafter drafts the
+    next step for the likely outcomes; a step whose outcome was guessed is answered at once."""
+
+    enabled: bool = False
+    bonus_fanout: int = Field(2, ge=1, le=8, description="guesses for the bonus token (all drafts accepted)")
+    recovered_fanout: int = Field(1, ge=0, le=4, description="guesses for the recovered token per rejection point")
+
+    def for_drafter(self) -> dict[str, int] | None:
+        return self.model_dump(exclude={"enabled"}) if self.enabled else None
+
+
 class DrafterConfig(_Strict):
     num_cpus: float = Field(1.0, ge=0)
     num_gpus: float = Field(0.0, ge=0)
@@ -133,6 +145,7 @@ class DrafterConfig(_Strict):
     num_threads: int = Field(1, ge=1, description="torch threads per drafter replica")
     timeout_s: float = Field(10.0, gt=0, description="a draft call slower than this drafts nothing")
     max_ongoing_requests: int = Field(32, ge=1, description="concurrent draft calls per replica (all verifiers)")
+    async_drafting: AsyncDraftingConfig = Field(default_factory=AsyncDraftingConfig)
 
     @model_validator(mode="after")
     def _one_scaling(self) -> DrafterConfig:

@@ -115,7 +115,7 @@ class ServeDraftClient:
         frees = self._send_frees()  # homes with finished sequences but nothing to draft this step
 
         drafts = np.zeros((len(req_ids), step.num_speculative_tokens), np.int32)
-        compute_ms, errors = 0.0, []
+        compute_ms, errors, lookups, hit_rows = 0.0, [], 0, []
         for idx, call in calls:
             try:
                 r = DraftResult.unpack(call.result(timeout_s=max(0.0, deadline - time.perf_counter())))
@@ -131,6 +131,8 @@ class ServeDraftClient:
                 continue
             drafts[idx] = r.draft_token_ids
             compute_ms = max(compute_ms, r.compute_ms)
+            lookups += r.branch_lookups
+            hit_rows += [idx[i] for i in r.hit_rows]
             moved = 0
             for i in idx:
                 before = self.home.get(req_ids[i]) or self.lost.pop(req_ids[i], None)
@@ -144,5 +146,6 @@ class ServeDraftClient:
         status = DraftStatus.OK
         if errors:
             status = DraftStatus.PARTIAL if len(errors) < len(calls) else DraftStatus.FAILED
-        result = DraftResult(step.step_id, status, drafts, compute_ms, "; ".join(errors))
+        result = DraftResult(step.step_id, status, drafts, compute_ms, "; ".join(errors), branch_lookups=lookups,
+                             hit_rows=sorted(hit_rows))
         return result, ProposeTiming(ship_ms, total_ms - ship_ms - compute_ms, compute_ms)

@@ -15,20 +15,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
-
 from actors.drafter.actor import DrafterActor
-from actors.messages import DraftStep, SeqSlice
 
 
 class DrafterServer:
-    def __init__(self, head_dir: str, target_dir: str, max_model_len: int = 4096, num_threads: int = 1) -> None:
+    def __init__(self, head_dir: str, target_dir: str, max_model_len: int = 4096, num_threads: int = 1,
+                 branches: dict[str, int] | None = None) -> None:
         from ray import serve
 
         replica_id = serve.get_replica_context().replica_id.unique_id
-        self.actor = DrafterActor(
-            head_dir, target_dir, max_model_len=max_model_len, num_threads=num_threads, drafter_id=replica_id
-        )
+        self.actor = DrafterActor(head_dir, target_dir, max_model_len=max_model_len, num_threads=num_threads,
+                                  drafter_id=replica_id, branches=branches)
 
     async def propose(self, step_bytes: bytes, hidden: Any) -> bytes:
         import ray
@@ -52,10 +49,6 @@ class DrafterServer:
         return self.actor.free(req_ids)
 
     async def check_health(self) -> None:
-        spec = self.actor.engine.spec
-        probe = DraftStep(-1, 1, [SeqSlice("__health__", 0, 1, 0)], np.zeros(1, np.int32))
-        hidden = np.zeros((1, spec.fused_hidden_size), np.float32)
-        drafts = self.actor.engine.propose(probe, hidden).draft_token_ids
-        self.actor.engine.free(["__health__"])
-        if drafts.shape != (1, 1):
-            raise RuntimeError(f"drafter unhealthy: probe drafted shape {drafts.shape}")
+        shape = self.actor.probe()
+        if tuple(shape) != (1, 1):
+            raise RuntimeError(f"drafter unhealthy: probe drafted shape {shape}")

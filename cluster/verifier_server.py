@@ -29,17 +29,27 @@ def vllm_cli_args(model: str, served_model_name: str) -> Any:
 
 
 def pool_metrics_text(stats: dict[str, Any]) -> str:
-    """Prometheus counters from ``spec_stats``: draft steps, failed draft steps, re-homed sequences."""
+    """Prometheus counters from ``spec_stats``: the drafter pool as this verifier sees it."""
     counters = [
-        ("eagle_cluster_draft_steps_total", "draft steps sent to the drafter pool", stats["steps"]),
+        ("eagle_cluster_draft_steps_total", "draft steps sent to the drafter pool", {"": stats["steps"]}),
         ("eagle_cluster_draft_failures_total", "draft steps with a failed drafter (placeholders proposed)",
-         stats["failures"]),
+         {"": stats["failures"]}),
         ("eagle_cluster_rehomed_sequences_total", "sequences moved to another drafter replica",
-         stats.get("client", {}).get("rehomed", 0)),
+         {"": stats.get("client", {}).get("rehomed", 0)}),
+        ("eagle_cluster_branch_lookups_total", "sequences with drafts precomputed for their step (async drafting)",
+         {"": stats.get("branch_lookups", 0)}),
+        ("eagle_cluster_branch_hits_total", "sequences answered from precomputed drafts (async drafting)",
+         {"": stats.get("branch_hits", 0)}),
     ]
+    by_source = stats.get("acceptance_by_source", {})
+    for name, key, help_text in (("drafts", "num_drafts", "verified draft runs"),
+                                 ("accepted_tokens", "num_accepted_tokens", "accepted draft tokens")):
+        counters.append((f"eagle_cluster_{name}_total", f"{help_text}, by where the drafts came from",
+                         {f'{{source="{src}"}}': s[key] for src, s in by_source.items()}))
     lines = []
-    for name, help_text, value in counters:
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {value}"]
+    for name, help_text, values in counters:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
+        lines += [f"{name}{labels} {value}" for labels, value in values.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -131,7 +141,9 @@ class VerifierServer:
         from ray import serve
 
         replica = serve.get_replica_context().replica_id.unique_id
-        return {"replica": replica, **{k: driver[k] for k in ("steps", "failures", "per_request", "client")}}
+        keys = ("steps", "failures", "per_request", "client", "branch_lookups", "branch_hits",
+                "per_request_branch_hits", "acceptance_by_source")
+        return {"replica": replica, **{k: driver[k] for k in keys}}
 
     async def check_health(self) -> None:
         await self.engine.check_health()

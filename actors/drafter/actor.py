@@ -3,6 +3,11 @@
 ``propose(step_bytes, hidden)``: ``hidden`` arrives resolved from its ``ObjectRef`` (a numpy array read from
 the object store). Errors are caught and returned as a ``FAILED`` result, so the verifier can carry on
 without drafts; they are also counted for ``health``.
+
+With asynchronous drafting (``branches``), ``propose`` answers and returns at once, and the engine's
+``after_step`` (fold the real hidden states, draft the next step's branches) runs on the actor's engine thread
+while the verifier verifies. Every engine call goes through that one thread, in order, so the next
+``propose`` (or ``free``) starts after it.
 """
 
 from __future__ import annotations
@@ -10,40 +15,60 @@ from __future__ import annotations
 import logging
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from actors.drafter.branches import BranchConfig
 from actors.drafter.engine import DrafterEngine
 from actors.eagle.compat import check_head_fits_target, target_text_config
 from actors.eagle.spec import load_head_spec
-from actors.messages import DraftResult, DraftStatus, DraftStep
+from actors.messages import DraftResult, DraftStatus, DraftStep, SeqSlice
 
 logger = logging.getLogger(__name__)
 
 
 class DrafterActor:
     def __init__(self, head_dir: str, target_dir: str | None = None, max_model_len: int = 4096,
-                 num_threads: int | None = None, drafter_id: str = "") -> None:
+                 num_threads: int | None = None, drafter_id: str = "",
+                 branches: BranchConfig | dict[str, int] | None = None) -> None:
         if num_threads:
             import torch
 
             torch.set_num_threads(num_threads)
         if target_dir is not None:
             check_head_fits_target(load_head_spec(head_dir), target_text_config(target_dir))
-        self.engine = DrafterEngine.from_checkpoint(head_dir, target_dir, max_model_len=max_model_len)
+        if isinstance(branches, dict):
+            branches = BranchConfig(**branches)
+        self.engine = DrafterEngine.from_checkpoint(head_dir, target_dir, max_model_len=max_model_len,
+                                                    branches=branches)
+        self._engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter-engine")
         self.head_dir = head_dir
         self.drafter_id = drafter_id  # answered with every result, so a pool's router can send sequences back
         self.steps = 0
         self.failures = 0
         self.cold_sequences = 0
+        self.branch_hits = 0
+        self.branch_lookups = 0
         self.compute_ms: list[float] = []  # per step, since the last stats_window() read
         self.started = time.time()
+
+    def _on_engine_thread(self, fn, *args):
+        return self._engine_thread.submit(fn, *args).result()
+
+    def _after_step(self) -> None:
+        try:
+            self.engine.after_step()
+        except Exception:  # the next step drafts on demand
+            logger.exception("drafter: precomputing the next step failed")
 
     def propose(self, step_bytes: bytes, hidden: np.ndarray) -> bytes:
         step = DraftStep.unpack(step_bytes)
         try:
-            result = self.engine.propose(step, hidden)
+            result = self._on_engine_thread(self.engine.propose, step, hidden)
+            if self.engine.has_pending_work:
+                self._engine_thread.submit(self._after_step)  # runs while the verifier verifies
         except Exception as e:
             self.failures += 1
             logger.warning("drafter step %d failed: %s", step.step_id, e)
@@ -52,13 +77,28 @@ class DrafterActor:
             )
         self.steps += 1
         self.cold_sequences += result.cold_sequences
+        self.branch_hits += result.branch_hits
+        self.branch_lookups += result.branch_lookups
         self.compute_ms.append(result.compute_ms)
         result.drafter_id = self.drafter_id
         return result.pack()
 
     def free(self, req_ids: list[str]) -> int:
-        self.engine.free(req_ids)
+        self._on_engine_thread(self.engine.free, req_ids)
         return self.engine.num_active_sequences
+
+    def probe(self) -> tuple[int, int]:
+        """Draft one token for a throwaway sequence (a health check); returns the drafts' shape."""
+        spec = self.engine.spec
+        step = DraftStep(-1, 1, [SeqSlice("__health__", 0, 1, 0)], np.zeros(1, np.int32))
+        hidden = np.zeros((1, spec.fused_hidden_size), np.float32)
+
+        def run() -> tuple[int, int]:
+            drafts = self.engine.propose(step, hidden, precompute=False).draft_token_ids
+            self.engine.free(["__health__"])
+            return drafts.shape
+
+        return self._on_engine_thread(run)
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -69,6 +109,9 @@ class DrafterActor:
             "steps": self.steps,
             "failures": self.failures,
             "cold_sequences": self.cold_sequences,
+            "async_drafting": self.engine.branch_config is not None,
+            "branch_hits": self.branch_hits,
+            "branch_lookups": self.branch_lookups,
         }
 
     def load_window(self) -> dict[str, float]:
@@ -94,6 +137,7 @@ def start_drafter_actor(
     resources: dict[str, float] | None = None,
     max_model_len: int = 4096,
     num_threads: int | None = 1,
+    branches: dict[str, int] | None = None,
 ):
     """A named ``DrafterActor`` on its own resources; returns its handle once the head is loaded.
 
@@ -105,6 +149,8 @@ def start_drafter_actor(
         opts.update(name=name, namespace=namespace, lifetime=None)
     if resources:
         opts["resources"] = resources
-    handle = ray.remote(DrafterActor).options(**opts).remote(head_dir, target_dir, max_model_len, num_threads)
+    handle = ray.remote(DrafterActor).options(**opts).remote(
+        head_dir, target_dir, max_model_len, num_threads, branches=branches
+    )
     ray.get(handle.ping.remote())
     return handle

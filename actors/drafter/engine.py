@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from actors.drafter.branches import BranchAttention, BranchConfig, BranchEntry, guesses
 from actors.drafter.kv_cache import DraftKVCache
 from actors.eagle.checkpoint import load_head
 from actors.eagle.heads import DraftHead
@@ -88,6 +90,26 @@ class CacheAttention:
         return out[b.row_seq, b.row_local]  # [N, heads * head_dim]
 
 
+class Proposal(NamedTuple):
+    drafts: torch.Tensor  # [B, k] int64 target token ids
+    cold: int = 0  # sequences that arrived mid-stream (re-homed)
+    hit_rows: list[int] = []  # sequences answered from a precomputed branch (asynchronous drafting)
+    branch_lookups: int = 0  # sequences that had branches for this step
+
+
+@dataclass
+class _Chain:
+    """One step's drafting state for B sequences (notation: ``actors.drafter.branches``)."""
+
+    req_ids: list[str]
+    slots: torch.Tensor  # [B]
+    last_pos: torch.Tensor  # [B] L: each sequence's last real row
+    logits: list[torch.Tensor]  # logits_0, logits_1, ...: each [B, draft_vocab]
+    feats: list[torch.Tensor]  # f_1, f_2, ...: each [B, hidden_size]
+    tokens: list[torch.Tensor] = field(default_factory=list)  # T_1, T_2, ...: each [B] target ids
+    draft_ids: list[torch.Tensor] = field(default_factory=list)  # the same in the head's draft vocabulary
+
+
 class DrafterEngine:
     def __init__(
         self,
@@ -95,7 +117,10 @@ class DrafterEngine:
         max_model_len: int = 4096,
         max_num_seqs: int = 1024,
         device: str | torch.device = "cpu",
+        branches: BranchConfig | None = None,
     ) -> None:
+        """``branches``: asynchronous drafting (``actors.drafter.branches``); ``after_step`` then does the
+        off-critical-path work of each step, and must run before the next ``propose``."""
         self.head = head.to(device).eval()
         self.device = device
         spec = head.spec
@@ -106,6 +131,9 @@ class DrafterEngine:
             max_slots=max_num_seqs, device=device,
         )
         self.chunks = {i: layer.self_attn.chunk_size for i, layer in enumerate(head.layers)}
+        self.branch_config = branches
+        self.branch_table: dict[str, BranchEntry] = {}
+        self._pending: tuple | None = None  # what after_step() has to do for the last step
 
     @classmethod
     def from_checkpoint(cls, head_dir: str | Path, target_dir: str | Path | None = None, **kw) -> DrafterEngine:
@@ -117,22 +145,15 @@ class DrafterEngine:
 
     def free(self, req_ids: list[str]) -> None:
         self.cache.free(req_ids)
+        for rid in req_ids:
+            self.branch_table.pop(rid, None)
 
     def _pass(self, ids, hidden, batch: _Batch):
         return self.head(ids, hidden, batch.positions, CacheAttention(self.cache, batch, self.chunks))
 
-    @torch.inference_mode()
-    def propose_tensors(
-        self,
-        step: DraftStep,
-        hidden: torch.Tensor,  # [N, fused_hidden_size]
-    ) -> tuple[torch.Tensor, int]:  # ([B, k] int64 draft token ids, sequences that arrived mid-stream)
-        self.free(step.finished)
-        k = step.num_speculative_tokens
+    def _context(self, step: DraftStep, hidden: torch.Tensor) -> tuple[_Chain, int]:
+        """Pass 0: all rows of all sequences at once, writing their K/V; each sequence's last row starts a chain."""
         num_seqs = len(step.seqs)
-        if num_seqs == 0:
-            return torch.zeros(0, k, dtype=torch.long), 0
-        step.validate(hidden.shape[0], hidden.shape[1], self.spec.fused_hidden_size)
         slots, cold = self.cache.slots_for([s.req_id for s in step.seqs], [s.start_position for s in step.seqs])
         counts = torch.tensor([s.num_tokens for s in step.seqs])
         starts = torch.tensor([s.start for s in step.seqs])
@@ -142,28 +163,142 @@ class DrafterEngine:
         positions = (first_pos[row_seq] + row_local).clamp(max=self.max_model_len - 1)
         batch = _Batch(slots, row_seq, row_local, positions, int(counts.max()))
         ids = torch.from_numpy(step.input_ids.astype(np.int64)).to(self.device)
-        x = self.head.combine(hidden.to(self.device, torch.float32))
-        out, fed = self._pass(ids, x, batch)
+        out, fed = self._pass(ids, self.head.combine(hidden.to(self.device, torch.float32)), batch)
         last = starts + counts - 1
-        drafts = [self.head.greedy(out[last])]
-        hid, pos = fed[last], positions[last]
-        one = torch.zeros(num_seqs, dtype=torch.long)
-        for _ in range(k - 1):
-            pos = (pos + 1).clamp(max=self.max_model_len - 1)
-            b = _Batch(slots, torch.arange(num_seqs), one, pos, 1)
-            out, hid = self._pass(drafts[-1], hid, b)
-            drafts.append(self.head.greedy(out))
-        return torch.stack(drafts, dim=1)[:, :k], cold  # k == 0: the context pass still ran, no drafts
+        chain = _Chain([s.req_id for s in step.seqs], slots, positions[last],
+                       [self.head.draft_logits(out[last])], [fed[last]])
+        return chain, cold
 
-    def propose(self, step: DraftStep, hidden: np.ndarray) -> DraftResult:
+    def _chain_pass(self, chain: _Chain, j: int) -> None:
+        """Pass j + 1: position L + j + 1, input T_j+1, feature f_j+1 -> logits_j+1, f_j+2."""
+        num_seqs = len(chain.req_ids)
+        pos = (chain.last_pos + j + 1).clamp(max=self.max_model_len - 1)
+        b = _Batch(chain.slots, torch.arange(num_seqs), torch.zeros(num_seqs, dtype=torch.long), pos, 1)
+        out, fed = self._pass(chain.tokens[j], chain.feats[j], b)
+        chain.logits.append(self.head.draft_logits(out))
+        chain.feats.append(fed)
+
+    def _draft(self, chain: _Chain, k: int, forced: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Choose T_1..T_k (greedy, or ``forced`` ([B, k] target ids, [B, k] draft ids)), with k - 1 passes."""
+        for j in range(k):
+            if forced is None:
+                d = chain.logits[j].argmax(-1)
+                t = self.head.to_target_ids(d)
+            else:
+                t, d = forced[0][:, j], forced[1][:, j]
+            chain.tokens.append(t)
+            chain.draft_ids.append(d)
+            if j + 1 < k:
+                self._chain_pass(chain, j)
+
+    def _branches(self, chain: _Chain, k: int) -> None:
+        """The extra pass k, then every branch of every sequence, k batched passes; fills ``branch_table``."""
+        self._chain_pass(chain, k - 1)
+        logits = torch.stack(chain.logits, dim=1)  # [B, k + 1, draft_vocab]
+        served = torch.stack(chain.draft_ids, dim=1)  # [B, k]
+        outcome, guess = guesses(logits, served, self.branch_config)  # [B, n] each
+        num_seqs, n = outcome.shape
+        seq = torch.arange(num_seqs).repeat_interleave(n)
+        a = outcome.flatten()
+        base = chain.last_pos[seq] + a  # [R] L + a
+        attend = BranchAttention(self.cache, chain.slots[seq], base, self.chunks)
+        first = self.head.to_target_ids(guess.flatten())  # [R] y
+        tok, hid = first, torch.stack(chain.feats, dim=1)[seq, a]  # f_a+1
+        drafts = []
+        for i in range(k):
+            pos = (base + 1 + i).clamp(max=self.max_model_len - 1)
+            out, hid = self.head(tok, hid, pos, attend)
+            tok = self.head.greedy(out)
+            drafts.append(tok)
+        table = torch.stack(drafts, dim=1).view(num_seqs, n, k).tolist()
+        keys = torch.stack([a.view(num_seqs, n), first.view(num_seqs, n)], dim=-1).tolist()
+        served_tokens = torch.stack(chain.tokens, dim=1).tolist()
+        last = chain.last_pos.tolist()
+        for b, rid in enumerate(chain.req_ids):
+            self.branch_table[rid] = BranchEntry(
+                last[b], served_tokens[b], {(ka, ky): d for (ka, ky), d in zip(keys[b], table[b], strict=True)}
+            )
+
+    @torch.inference_mode()
+    def propose_tensors(
+        self,
+        step: DraftStep,
+        hidden: torch.Tensor,  # [N, fused_hidden_size]
+        precompute: bool = True,
+    ) -> Proposal:
+        """Drafts for every sequence of the step. With branches: sequences whose outcome was precomputed are
+        answered at once (hits), the rest drafted now, and ``after_step`` left to do the rest (``precompute``)."""
+        if self._pending is not None:
+            self.after_step()
+        self.free(step.finished)
+        k = step.num_speculative_tokens
+        num_seqs = len(step.seqs)
+        if num_seqs == 0:
+            return Proposal(torch.zeros(0, k, dtype=torch.long))
+        step.validate(hidden.shape[0], hidden.shape[1], self.spec.fused_hidden_size)
+        if self.branch_config is None or k == 0:
+            chain, cold = self._context(step, hidden)
+            self._draft(chain, k)
+            drafts = torch.stack(chain.tokens, dim=1) if k else torch.zeros(num_seqs, 0, dtype=torch.long)
+            return Proposal(drafts, cold)
+
+        drafts = torch.zeros(num_seqs, k, dtype=torch.long)
+        hits, hit_drafts, lookups = [], [], 0
+        for i, s in enumerate(step.seqs):
+            entry = self.branch_table.get(s.req_id)
+            if entry is None or entry.last_position + 1 != s.start_position:
+                continue
+            lookups += 1
+            found = entry.lookup(s.start_position, step.input_ids[s.start : s.start + s.num_tokens].tolist())
+            if found is not None and len(found) == k:
+                hits.append(i)
+                hit_drafts.append(found)
+        misses = [i for i in range(num_seqs) if i not in set(hits)]
+        cold, miss_chain = 0, None
+        if misses:
+            sub, rows = step.select(misses)
+            miss_chain, cold = self._context(sub, hidden[torch.from_numpy(rows)])
+            self._draft(miss_chain, k)
+            drafts[misses] = torch.stack(miss_chain.tokens, dim=1)
+        hit_step = None
+        if hits:
+            drafts[hits] = torch.tensor(hit_drafts, dtype=torch.long)
+            sub, rows = step.select(hits)
+            hit_step = (sub, hidden[torch.from_numpy(rows)].clone(), drafts[hits])
+        self._pending = (k, miss_chain, hit_step) if precompute else None
+        return Proposal(drafts, cold, hits, lookups)
+
+    @property
+    def has_pending_work(self) -> bool:
+        return self._pending is not None
+
+    @torch.inference_mode()
+    def after_step(self) -> None:
+        """Off the critical path: fold the real hidden states of sequences answered from a branch into the
+        cache (and replay their served drafts), then draft the next step's branches for every sequence."""
+        if self._pending is None:
+            return
+        k, miss_chain, hit_step = self._pending
+        self._pending = None
+        chains = [miss_chain] if miss_chain is not None else []
+        if hit_step is not None:
+            sub, hidden, served = hit_step
+            chain, _ = self._context(sub, hidden)
+            self._draft(chain, k, forced=(served, self.head.to_draft_ids(served)))
+            chains.append(chain)
+        for chain in chains:
+            self._branches(chain, k)
+
+    def propose(self, step: DraftStep, hidden: np.ndarray, precompute: bool = True) -> DraftResult:
         start = time.perf_counter()
         with warnings.catch_warnings():  # a read-only view of the object store: we never write to it
             warnings.simplefilter("ignore", UserWarning)
             h = torch.from_numpy(hidden)
         if step.hidden_dtype == "bfloat16":
             h = h.view(torch.bfloat16)
-        drafts, cold = self.propose_tensors(step, h)
+        p = self.propose_tensors(step, h, precompute)
         return DraftResult(
-            step.step_id, DraftStatus.OK, drafts.to(torch.int32).cpu().numpy(), (time.perf_counter() - start) * 1e3,
-            active_sequences=self.num_active_sequences, cold_sequences=cold,
+            step.step_id, DraftStatus.OK, p.drafts.to(torch.int32).cpu().numpy(), (time.perf_counter() - start) * 1e3,
+            active_sequences=self.num_active_sequences, cold_sequences=p.cold, branch_lookups=p.branch_lookups,
+            hit_rows=list(p.hit_rows),
         )

@@ -126,5 +126,15 @@ class DraftHead(nn.Module):
             return draft_ids + self.d2t[draft_ids]
         return draft_ids
 
+    def to_draft_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Inverse of ``to_target_ids`` for tokens in the draft vocabulary (others map to draft id 0)."""
+        if self.method is DraftMethod.EAGLE3:
+            if getattr(self, "_t2d", None) is None or self._t2d.device != self.d2t.device:
+                draft = torch.arange(self.spec.draft_vocab_size, device=self.d2t.device)
+                self._t2d = torch.zeros(self.spec.vocab_size, dtype=torch.long, device=self.d2t.device)
+                self._t2d[draft + self.d2t] = draft
+            return self._t2d[target_ids]
+        return target_ids
+
     def greedy(self, out: torch.Tensor) -> torch.Tensor:  # [..., hidden] -> [...] target token ids
         return self.to_target_ids(self.draft_logits(out).argmax(-1))

@@ -55,7 +55,13 @@ class ProposerState:
     failures: int = 0
     timings: list[StepTiming] = field(default_factory=list)
     per_request: OrderedDict[str, SpecDecodeStats] = field(default_factory=OrderedDict)  # the latest requests
-    pending: dict[str, tuple[int, int]] = field(default_factory=dict)  # req -> (drafts sent, last position)
+    pending: dict[str, tuple[int, int, str]] = field(default_factory=dict)  # req -> (drafts, last position, source)
+    # Asynchronous drafting: sequences that had precomputed drafts, the hits among them, per-request hits, and
+    # acceptance by where the drafts came from ("branch": precomputed; "on_demand": drafted for this step).
+    branch_lookups: int = 0
+    branch_hits: int = 0
+    per_request_hits: dict[str, int] = field(default_factory=dict)
+    by_source: dict[str, SpecDecodeStats] = field(default_factory=dict)
 
 
 def step_rows(
@@ -160,6 +166,7 @@ class RemoteEagleProposer(EagleProposer):
                 self.state.failures += 1
                 logger.warning("drafter failed for part of step %d (%s)", step.step_id, result.error)
             drafts = torch.from_numpy(np.array(result.draft_token_ids, dtype=np.int64)).to(placeholder.device)
+            self._record_hits(seqs, result.branch_lookups, result.hit_rows)
         except Exception as e:  # a drafter that errors or dies never fails a request
             self.state.failures += 1
             logger.warning("drafter failed at step %d (%s); this step proposes no usable drafts", step.step_id, e)
@@ -171,6 +178,16 @@ class RemoteEagleProposer(EagleProposer):
                        timing.wait_ms, timing.compute_ms)
         )
         return drafts
+
+    def _record_hits(self, seqs: list[SeqSlice], lookups: int, hit_rows: list[int]) -> None:
+        st = self.state
+        st.branch_lookups += lookups
+        st.branch_hits += len(hit_rows)
+        for i in hit_rows:
+            rid = seqs[i].req_id
+            st.per_request_hits[rid] = st.per_request_hits.get(rid, 0) + 1
+            if rid in st.pending:
+                st.pending[rid] = (*st.pending[rid][:2], "branch")
 
     def free_now(self, req_ids: list[str]) -> None:
         """Free finished sequences' draft state at once (the engine is going idle: no step will carry them)."""
@@ -194,19 +211,22 @@ class RemoteEagleProposer(EagleProposer):
         for s, prefill in zip(seqs, in_prefill, strict=True):
             sent = st.pending.get(s.req_id)
             if sent is not None and s.start_position == sent[1] + 1:
-                n_drafts, _ = sent
+                n_drafts, _, source = sent
                 accepted = max(0, min(n_drafts, s.num_tokens - 1))
                 stats = st.per_request.get(s.req_id)
                 if stats is None:
                     stats = st.per_request[s.req_id] = SpecDecodeStats(accepted_per_pos=[0] * n_drafts)
                     if len(st.per_request) > MAX_PER_REQUEST:  # a server's lifetime of requests: keep the latest
-                        st.per_request.popitem(last=False)
-                stats.num_drafts += 1
-                stats.num_draft_tokens += n_drafts
-                stats.num_accepted_tokens += accepted
-                for i in range(accepted):
-                    stats.accepted_per_pos[i] += 1
+                        oldest, _ = st.per_request.popitem(last=False)
+                        st.per_request_hits.pop(oldest, None)
+                by_source = st.by_source.setdefault(source, SpecDecodeStats(accepted_per_pos=[0] * n_drafts))
+                for agg in (stats, by_source):
+                    agg.num_drafts += 1
+                    agg.num_draft_tokens += n_drafts
+                    agg.num_accepted_tokens += accepted
+                    for i in range(min(accepted, len(agg.accepted_per_pos))):
+                        agg.accepted_per_pos[i] += 1
             if k > 0 and not prefill:
-                st.pending[s.req_id] = (k, s.start_position + s.num_tokens - 1)
+                st.pending[s.req_id] = (k, s.start_position + s.num_tokens - 1, "on_demand")
             else:
                 st.pending.pop(s.req_id, None)

@@ -102,6 +102,10 @@ class RemoteDraftWorker(_PlatformWorker):
             "failures": st.failures,
             "timings": [dataclasses.asdict(t) for t in st.timings],
             "per_request": {k: dataclasses.asdict(v) for k, v in st.per_request.items()},
+            "branch_lookups": st.branch_lookups,
+            "branch_hits": st.branch_hits,
+            "per_request_branch_hits": dict(st.per_request_hits),
+            "acceptance_by_source": {k: dataclasses.asdict(v) for k, v in st.by_source.items()},
             "client": drafter.client.stats() if hasattr(getattr(drafter, "client", None), "stats") else {},
             "forward_ms": list(self._forward_ms),  # execute_model: the target forward
             "sample_ms": list(self._sample_ms),  # sample_tokens: rejection sampling + propose
@@ -112,5 +116,8 @@ class RemoteDraftWorker(_PlatformWorker):
         if isinstance(drafter, RemoteEagleProposer):
             drafter.state.timings.clear()
             drafter.state.per_request.clear()
+            drafter.state.per_request_hits.clear()
+            drafter.state.by_source.clear()
+            drafter.state.branch_lookups = drafter.state.branch_hits = 0
         self._forward_ms.clear()
         self._sample_ms.clear()

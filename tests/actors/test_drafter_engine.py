@@ -61,7 +61,7 @@ def test_batched_cached_drafts_match_recompute(toy_heads, name):
 
     # Step 1: prefill of three sequences at once.
     step, hidden = make_step(0, k, [(r, 0, full_ids[r][:n], full_hidden[r][:n]) for r, n in lengths.items()])
-    got, _ = engine.propose_tensors(step, hidden)
+    got = engine.propose_tensors(step, hidden).drafts
     for i, (r, n) in enumerate(lengths.items()):
         assert got[i].tolist() == reference_drafts(head, full_ids[r][:n], full_hidden[r][:n], k), r
 
@@ -71,7 +71,7 @@ def test_batched_cached_drafts_match_recompute(toy_heads, name):
             for r, a in accepted.items()]
     step, hidden = make_step(1, k, seqs)
     step.finished = ["c"]
-    got, _ = engine.propose_tensors(step, hidden)
+    got = engine.propose_tensors(step, hidden).drafts
     assert engine.num_active_sequences == 2
     for i, (r, a) in enumerate(accepted.items()):
         n = lengths[r] + a
@@ -79,7 +79,7 @@ def test_batched_cached_drafts_match_recompute(toy_heads, name):
 
     # Preemption: "a" comes back from position 0 with a longer prefix; the cache is overwritten by position.
     step, hidden = make_step(2, k, [("a", 0, full_ids["a"][:9], full_hidden["a"][:9])])
-    got, _ = engine.propose_tensors(step, hidden)
+    got = engine.propose_tensors(step, hidden).drafts
     assert got[0].tolist() == reference_drafts(head, full_ids["a"][:9], full_hidden["a"][:9], k)
 
 
@@ -89,7 +89,7 @@ def test_free_releases_slots(toy_heads):
     width = engine.spec.fused_hidden_size
     seqs = [(f"r{i}", 0, torch.arange(3), torch.randn(3, width)) for i in range(20)]
     step, hidden = make_step(0, 2, seqs)
-    assert engine.propose_tensors(step, hidden)[0].shape == (20, 2)
+    assert engine.propose_tensors(step, hidden).drafts.shape == (20, 2)
     assert engine.num_active_sequences == 20
     assert engine.cache.num_slots == 32  # grew from 8
     engine.free([f"r{i}" for i in range(20)])
@@ -119,10 +119,81 @@ def test_rehomed_sequence_drafts_from_the_context_it_has(toy_heads):
     engine.free(["old"])
     ids2, hidden2 = torch.randint(0, 300, (3,), generator=g), torch.randn(3, width, generator=g)
     step, h = make_step(1, 2, [("moved", 9, ids2, hidden2)])  # positions 9..11, one slot: "old"'s
-    got, cold = engine.propose_tensors(step, h)
+    got, cold, *_ = engine.propose_tensors(step, h)
     assert cold == 1
     assert got[0].tolist() == reference_drafts(head, ids2, hidden2, 2, p0=9)
     # Later steps keep to the known context, and a restart from 0 makes all of it known again.
     step, h = make_step(2, 2, [("moved", 0, ids, hidden)])
-    got, cold = engine.propose_tensors(step, h)
+    got, cold, *_ = engine.propose_tensors(step, h)
     assert cold == 0 and got[0].tolist() == reference_drafts(head, ids, hidden, 2)
+
+
+def continue_greedy(head, ids, hid, k, first=None):
+    """From rows (ids, combined features) so far: optionally add row (first = (token, None -> fed of the last
+    row)), then k greedy drafts by full recompute. Returns the drafts; ``ids`` / ``hid`` grow in place."""
+    drafts = []
+    for step in range(k + (first is not None)):
+        n = len(ids)
+        pos = torch.arange(n)
+
+        def attend(layer, q, kk, v, positions, n=n, pos=pos):
+            m = torch.tril(torch.ones(n, n, dtype=torch.bool))
+            c = head.layers[layer].self_attn.chunk_size
+            if c:
+                m &= (pos[:, None] // c) == (pos[None, :] // c)
+            return sdpa_attend(q[None], kk[None], v[None], m[None])[0]
+
+        out, fed = head(torch.tensor(ids), torch.stack(hid), pos, attend)
+        tok = first if (first is not None and step == 0) else int(head.greedy(out[-1]))
+        if not (first is not None and step == 0):
+            drafts.append(tok)
+        ids.append(tok)
+        hid.append(fed[-1])
+    return drafts
+
+
+@pytest.mark.parametrize("name", ["eagle1", "eagle3"])
+def test_branches_match_recompute_and_answer_hits(toy_heads, name):
+    """Asynchronous drafting: every precomputed branch equals a full recompute of the head over the same rows
+    (real rows, then the served drafts with the head's own features, then the guessed token); a step whose
+    outcome was precomputed is answered from it."""
+    from actors.drafter.branches import BranchConfig
+
+    target_dir, heads = toy_heads
+    head = load_head(heads[name], target_dir)
+    k = 3
+    engine = DrafterEngine(head, max_model_len=128, branches=BranchConfig(bonus_fanout=2, recovered_fanout=1))
+    width = head.spec.fused_hidden_size
+    g = torch.Generator().manual_seed(2)
+    n = 11  # branches reach positions 12..17: across the chunk boundary at 16
+    ids, hidden = torch.randint(0, 300, (n,), generator=g), torch.randn(n, width, generator=g)
+    step, h = make_step(0, k, [("s", 0, ids, hidden)])
+    first = engine.propose_tensors(step, h)
+    served = first.drafts[0].tolist()
+    assert served == reference_drafts(head, ids, hidden, k)  # no branches yet: drafted at once
+    assert engine.branch_table == {}
+    engine.after_step()
+    entry = engine.branch_table["s"]
+    assert entry.last_position == n - 1 and entry.served == served
+    assert len(entry.drafts) == BranchConfig(2, 1).branches_per_sequence(k)
+    assert sorted(a for a, _ in entry.drafts) == [0, 1, 2, 3, 3]
+    for (a, y), drafts in entry.drafts.items():
+        rows_ids, rows_hid = list(ids.tolist()), list(head.combine(hidden))
+        for t in served[:a]:  # the accepted drafts, each with the feature the head predicted there
+            continue_greedy(head, rows_ids, rows_hid, 0, first=t)
+        assert continue_greedy(head, rows_ids, rows_hid, k, first=y) == drafts, (a, y)
+        if a < k:
+            assert y != served[a]
+
+    # The verifier accepted one draft, then emitted a guessed recovered token: a hit.
+    (a, y), expected = next(((a, y), d) for (a, y), d in entry.drafts.items() if a == 1)
+    rows = torch.tensor([served[0], y])
+    step, h = make_step(1, k, [("s", n, rows, torch.randn(2, width, generator=g))])
+    hit = engine.propose_tensors(step, h)
+    assert (hit.hit_rows, hit.branch_lookups) == ([0], 1) and hit.drafts[0].tolist() == expected
+    engine.after_step()  # folds the real rows, drafts the next branches from the served ones
+    assert engine.branch_table["s"].last_position == n + 1 and engine.branch_table["s"].served == expected
+    # An outcome nobody guessed: a miss, drafted on demand like the synchronous engine would.
+    step, h = make_step(2, k, [("s", n + 2, torch.tensor([299]), torch.randn(1, width, generator=g))])
+    miss = engine.propose_tensors(step, h)
+    assert (miss.hit_rows, miss.branch_lookups) == ([], 1) and miss.drafts.shape == (1, k)

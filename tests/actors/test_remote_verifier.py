@@ -57,8 +57,11 @@ def spec(head, method):
     return {"method": method, "model": str(head), "num_speculative_tokens": K}
 
 
-def remote_run(ray_cluster, head, method, prompts, params, name, **engine):
-    actor = start_drafter_actor(str(head), str(TARGET), name=name, namespace=NS)
+ASYNC = {"bonus_fanout": 2, "recovered_fanout": 1}  # asynchronous drafting (actors/drafter/branches.py)
+
+
+def remote_run(ray_cluster, head, method, prompts, params, name, branches=None, **engine):
+    actor = start_drafter_actor(str(head), str(TARGET), name=name, namespace=NS, branches=branches)
     llm = make_verifier_llm(str(TARGET), spec(head, method), {"actor": name, "namespace": NS}, **engine)
     try:
         tokens, stats = vh.run(llm, prompts, params)
@@ -95,6 +98,23 @@ def test_greedy_exact_and_counters_match_colocated(ray_cluster, head, method, pr
     assert sum(r["num_drafts"] for r in per_req) == stats.num_drafts
 
 
+@pytest.mark.parametrize(("head", "method"), [(EAGLE1, "eagle"), (EAGLE3, "eagle3")], ids=["eagle1", "eagle3"])
+def test_greedy_exact_with_async_drafting(ray_cluster, head, method, prompts, greedy, reference):
+    """Drafts precomputed for guessed outcomes are lossless too: every prompt token for token; some steps are
+    answered from them, and the verifier counts acceptance by where the drafts came from."""
+    tokens, stats, rpc = remote_run(ray_cluster, head, method, prompts, greedy, f"drafter-async-{method}",
+                                    branches=ASYNC)
+    assert tokens == reference
+    driver = next(r for r in rpc if r["is_driver"])
+    assert driver["failures"] == 0
+    assert 0 < driver["branch_hits"] <= driver["branch_lookups"]
+    by_source = driver["acceptance_by_source"]
+    assert by_source["branch"]["num_drafts"] > 0 and by_source["on_demand"]["num_drafts"] > 0
+    assert sum(s["num_accepted_tokens"] for s in by_source.values()) == stats.num_accepted_tokens
+    assert sum(driver["per_request_branch_hits"].values()) == driver["branch_hits"]
+    assert stats.mean_acceptance_length > 1.5, stats.table()
+
+
 def test_tp2_greedy_exact_eagle3(ray_cluster, prompts, greedy):
     ref, _ = vh.target_only(prompts, greedy, tensor_parallel_size=2)
     tokens, stats, rpc = remote_run(
@@ -105,7 +125,8 @@ def test_tp2_greedy_exact_eagle3(ray_cluster, prompts, greedy):
     assert sum(r["is_driver"] for r in rpc) == 1 and len(rpc) == 2
 
 
-def test_sampling_matches_target_only_distribution(ray_cluster):
+@pytest.mark.parametrize("branches", [None, ASYNC], ids=["sync", "async"])
+def test_sampling_matches_target_only_distribution(ray_cluster, branches):
     """300 samples of a 4-token continuation of one prompt, temperature 1: the 2nd-4th tokens (the ones drafts
     can touch) follow the target's distribution. The same test tells greedy apart from sampling (p ~ 0)."""
     from vllm import SamplingParams
@@ -114,7 +135,8 @@ def test_sampling_matches_target_only_distribution(ray_cluster):
     n = 300
     params = [SamplingParams(max_tokens=4, temperature=1.0, seed=i, ignore_eos=True) for i in range(n)]
     ref, _ = vh.target_only(prompt * n, params)
-    got, stats, _ = remote_run(ray_cluster, EAGLE1, "eagle", prompt * n, params, "drafter-sampling")
+    got, stats, _ = remote_run(ray_cluster, EAGLE1, "eagle", prompt * n, params, "drafter-sampling",
+                               branches=branches)
     assert stats.num_accepted_tokens > 0
     for pos in (1, 2, 3):
         a = Counter(t[pos] for t in ref)

@@ -27,10 +27,11 @@ def test_select_worked_example():
 
 
 def test_result_carries_drafter_fields():
-    r = DraftResult(1, DraftStatus.PARTIAL, np.ones((2, 3), np.int32), 1.5, "x", "replica-1", 12, 2)
+    r = DraftResult(1, DraftStatus.PARTIAL, np.ones((2, 3), np.int32), 1.5, "x", "replica-1", 12, 2, 2, [1])
     back = DraftResult.unpack(r.pack())
     assert (back.status, back.drafter_id, back.active_sequences, back.cold_sequences) == (
         DraftStatus.PARTIAL, "replica-1", 12, 2)
+    assert (back.branch_lookups, back.hit_rows, back.branch_hits) == (2, [1], 1)
 
 
 def test_plan_groups_worked_example():

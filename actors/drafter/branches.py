@@ -1,0 +1,133 @@
+"""Asynchronous drafting: next-step drafts precomputed for the likely outcomes of the step being verified.
+
+Where it sits: ``actors.drafter.engine.DrafterEngine`` answers a step, then (off the critical path, while the
+verifier verifies what it was given) extends each sequence's draft chain and drafts a *branch* per likely
+outcome; the next step's request is answered from a matching branch at once. Any draft is lossless (the
+verifier's rejection sampler decides), so a branch drafted from the head's own predicted features instead of
+the target's is only a question of acceptance.
+
+Notation for one sequence (terms: ``actors/eagle/__init__.py``). The step's last real row is at position L
+(input: the token x at L+1). Pass 0 is that row's context pass; pass j (1 <= j <= k) is the draft pass at
+position L+j, input ``T_j`` (the j-th served draft), feature ``f_j`` (the head's prediction of the target's
+feature there); pass j gives ``logits_j`` (for the token at L+j+2) and ``f_{j+1}``. Pass k is one pass beyond
+what drafting needs: it gives the bonus token's distribution.
+
+The verifier then accepts ``a`` drafts (0 <= a <= k) and emits token ``y`` at L+a+2: a recovered token if
+a < k, the bonus token if a = k. Outcome (a, y)'s branch drafts k tokens from a row at position L+a+1 with
+input y and feature ``f_a+1``, attending to the sequence's cache up to L+a (real entries up to L, the passes'
+entries for L+1..L+a, whose inputs ``T_1..T_a`` are exactly the accepted tokens) and to its own new rows.
+Guesses for y: the top ``bonus_fanout`` tokens of ``logits_k`` (a = k), and the top ``recovered_fanout`` of
+``logits_a`` other than ``T_a+1`` (a < k).
+
+Worked example, k = 2, L = 9, served T = [t1, t2]: outcome (a=1, y) is the next step shipping rows at
+positions 10 (input t1) and 11 (input y); its branch row is position 11, input y, feature f_2, over cache
+keys 0..10 (real 0..9, pass 1's entry at 10).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from actors.drafter.kv_cache import DraftKVCache
+from actors.eagle.layers import sdpa_attend
+
+
+@dataclass(frozen=True)
+class BranchConfig:
+    bonus_fanout: int = 2  # guesses for the bonus token (all k drafts accepted)
+    recovered_fanout: int = 1  # guesses for the recovered token at each earlier rejection point; 0: none
+
+    def __post_init__(self) -> None:
+        if self.bonus_fanout < 1 or self.recovered_fanout < 0:
+            raise ValueError(f"branches: bonus_fanout >= 1 and recovered_fanout >= 0, got {self}")
+
+    def branches_per_sequence(self, k: int) -> int:
+        return self.bonus_fanout + k * self.recovered_fanout
+
+
+@dataclass
+class BranchEntry:
+    """One sequence's precomputed next-step drafts, valid for the step that ships rows from position L+1."""
+
+    last_position: int  # L
+    served: list[int]  # T_1..T_k
+    drafts: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (a, y) -> k draft token ids
+
+    def lookup(self, start_position: int, input_ids: list[int]) -> list[int] | None:
+        """The branch for a step's rows (positions from ``start_position``, inputs ``input_ids``), if any."""
+        a = len(input_ids) - 1
+        if start_position != self.last_position + 1 or a > len(self.served) or input_ids[:a] != self.served[:a]:
+            return None
+        return self.drafts.get((a, input_ids[a]))
+
+
+def guesses(
+    logits: torch.Tensor,  # [B, k + 1, draft_vocab] logits_0..logits_k
+    served_draft_ids: torch.Tensor,  # [B, k] T_1..T_k in the head's draft vocabulary
+    config: BranchConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([B, n] outcome a, [B, n] guessed y in draft ids); n per sequence
+    """Outcome a's guesses: top ``recovered_fanout`` of logits_a without T_a+1 (a < k); top ``bonus_fanout`` of
+    logits_k (a = k). Worked example, k = 1, fanouts 1 / 2: logits_0 top [T_1, u], logits_1 top [v, w] ->
+    a = [0, 1, 1], y = [u, v, w]."""
+    num_seqs, k1, _ = logits.shape
+    k = k1 - 1
+    outcomes, ys = [], []
+    if config.recovered_fanout and k:
+        masked = logits[:, :k].scatter(-1, served_draft_ids[:, :, None], float("-inf"))
+        top = masked.topk(config.recovered_fanout, dim=-1).indices  # [B, k, r]
+        outcomes.append(torch.arange(k).repeat_interleave(config.recovered_fanout).expand(num_seqs, -1))
+        ys.append(top.flatten(1))
+    outcomes.append(torch.full((num_seqs, config.bonus_fanout), k))
+    ys.append(logits[:, k].topk(config.bonus_fanout, dim=-1).indices)
+    return torch.cat(outcomes, dim=1), torch.cat(ys, dim=1)
+
+
+class BranchAttention:
+    """``AttendFn`` for branch passes: each branch row attends to its sequence's cache slot up to its base
+    position (L+a; chunk and ``known_from`` rules as ``CacheAttention``) and to the branch's own rows so far,
+    which live here, not in the cache (branches of one sequence would overwrite each other)."""
+
+    def __init__(
+        self,
+        cache: DraftKVCache,
+        slots: torch.Tensor,  # [R] each branch's sequence slot
+        base: torch.Tensor,  # [R] L+a: the last cache position a branch may read
+        chunk_sizes: dict[int, int | None],
+    ) -> None:
+        self.cache, self.slots, self.base, self.chunks = cache, slots, base, chunk_sizes
+        self.first_q = base + 1  # position of each branch's first row
+        self.local_k: dict[int, list[torch.Tensor]] = {}
+        self.local_v: dict[int, list[torch.Tensor]] = {}
+        self._slot_keys: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def _slot_window(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(key positions [R, W], keys, values [R, W, kv_heads, head_dim]) read once per layer."""
+        if layer not in self._slot_keys:
+            chunk = self.chunks[layer]
+            lo = (self.first_q // chunk) * chunk if chunk else torch.zeros_like(self.first_q)
+            width = max(int((self.base - lo).max()) + 1, 1)
+            key_pos = lo[:, None] + torch.arange(width)
+            k, v = self.cache.read_window(layer, self.slots, key_pos.clamp(0, self.cache.max_len - 1))
+            self._slot_keys[layer] = (key_pos, k, v)
+        return self._slot_keys[layer]
+
+    def __call__(self, layer: int, q, k, v, positions) -> torch.Tensor:
+        # q: [R, heads, head_dim]; k, v: [R, kv_heads, head_dim]; positions: [R] (this pass's row per branch)
+        self.local_k.setdefault(layer, []).append(k)
+        self.local_v.setdefault(layer, []).append(v)
+        key_pos, slot_k, slot_v = self._slot_window(layer)
+        n_local = len(self.local_k[layer])
+        local_pos = self.first_q[:, None] + torch.arange(n_local)  # [R, n_local]
+        q_pos = positions[:, None]
+        slot_mask = (key_pos <= self.base[:, None]) & (key_pos >= self.cache.known_from[self.slots][:, None])
+        local_mask = torch.ones_like(local_pos, dtype=torch.bool)
+        chunk = self.chunks[layer]
+        if chunk:
+            slot_mask &= (key_pos // chunk) == (q_pos // chunk)
+            local_mask &= (local_pos // chunk) == (q_pos // chunk)
+        keys = torch.cat([slot_k.to(q.dtype), torch.stack(self.local_k[layer], dim=1)], dim=1)
+        values = torch.cat([slot_v.to(q.dtype), torch.stack(self.local_v[layer], dim=1)], dim=1)
+        mask = torch.cat([slot_mask, local_mask], dim=1)[:, None, :]  # [R, 1, W + n_local]
+        return sdpa_attend(q[:, None], keys, values, mask)[:, 0]
