@@ -130,6 +130,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--modes", nargs="*", default=DEFAULT_MODES, choices=MODES)
     p.add_argument("--out", default=str(ROOT / "results" / "serving"))
+    p.add_argument("--async-drafting", type=json.loads, default={},
+                   help='settings for the *-async modes, e.g. \'{"bonus_fanout": 1, "recovered_fanout": 0}\'')
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -141,7 +143,7 @@ def main() -> None:
             kind, _, method = mode.partition("-")
             if kind == "cluster":
                 method, _, variant = method.partition("-")
-                drafter = {"async_drafting": {"enabled": True}} if variant == "async" else None
+                drafter = {"async_drafting": {**args.async_drafting, "enabled": True}} if variant == "async" else None
                 cmd, base = cluster_server(method, Path(tmp), drafter, name=variant)
             else:
                 cmd, base = vllm_server(None if kind == "target" else method)

@@ -98,3 +98,24 @@ def test_grpc_stubs_are_current(tmp_path):
     assert rc == 0
     for name in ("eagle_cluster_pb2.py", "eagle_cluster_pb2_grpc.py"):
         assert (tmp_path / "cluster/proto" / name).read_text() == (ROOT / "cluster/proto" / name).read_text(), name
+
+
+def test_async_drafting_config():
+    args = copy.deepcopy(CPU)
+    assert EagleClusterConfig.model_validate(args).drafter.async_drafting.for_drafter() is None  # off by default
+    args["drafter"] = {"async_drafting": {"enabled": True}}
+    assert EagleClusterConfig.model_validate(args).drafter.async_drafting.for_drafter() == {
+        "bonus_fanout": 2, "recovered_fanout": 1}
+    args["drafter"] = {"async_drafting": {"enabled": True, "bonus_fanout": 0}}
+    with pytest.raises(ValidationError, match="bonus_fanout"):
+        EagleClusterConfig.model_validate(args)
+
+
+def test_autoscaling_config_is_checked():
+    args = copy.deepcopy(CPU)
+    args["drafter"] = {"autoscaling_config": {"look_back_period_s": 1, "metrics_interval_s": 2}}
+    with pytest.raises(ValidationError, match="look_back_period_s"):
+        EagleClusterConfig.model_validate(args)
+    args["drafter"] = {"autoscaling_config": {"target_sequences_per_replica": 0}}
+    with pytest.raises(ValidationError, match="target_sequences_per_replica"):
+        EagleClusterConfig.model_validate(args)
