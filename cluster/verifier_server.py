@@ -57,6 +57,7 @@ class VerifierServer:
     async def __init__(self, config: dict[str, Any], drafter) -> None:
         """``drafter``: the drafter deployment's handle. vLLM's engine runs in its own process, so it gets the
         handle's (application, deployment) names and opens its own handle there."""
+        import ray
         from starlette.datastructures import State
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
@@ -86,6 +87,7 @@ class VerifierServer:
             max_num_seqs=v.max_num_seqs,
             served_model_name=v.name,
             owner_pid=os.getpid(),  # the engine processes end with this replica
+            ray_address=ray.get_runtime_context().gcs_address,  # the engine's driver joins this cluster
             **engine,
         )
         self.config = cfg

@@ -19,12 +19,14 @@ def verifier_kwargs(
     speculative_config: dict[str, Any] | None,
     draft_client: dict[str, Any] | None,
     owner_pid: int | None = None,
+    ray_address: str | None = None,
     **engine: Any,
 ) -> dict[str, Any]:
     """Keyword arguments for ``vllm.LLM`` / ``AsyncEngineArgs`` (on top of ``actors.vllm_engine.engine_kwargs``).
 
     ``draft_client=None`` keeps vLLM's own drafter (or none), with the worker's step timing: the baselines.
     ``owner_pid``: the engine's processes end when that process dies (``actors.verifier.owner_watch``).
+    ``ray_address``: the GCS address the engine's driver rank joins (default: ``RAY_ADDRESS``, else ``"auto"``).
     """
     from actors.vllm_engine import engine_kwargs
 
@@ -35,6 +37,8 @@ def verifier_kwargs(
         additional[CONFIG_KEY] = {"draft_client": dict(draft_client)}
     if owner_pid is not None:
         additional[CONFIG_KEY]["owner_pid"] = owner_pid
+    if ray_address is not None:
+        additional[CONFIG_KEY]["ray_address"] = ray_address
     kwargs = engine_kwargs(target, speculative_config=speculative_config, **engine)
     kwargs.update(worker_cls=WORKER_CLS, additional_config=additional, async_scheduling=False)
     return kwargs

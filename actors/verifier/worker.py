@@ -33,12 +33,17 @@ from actors.verifier.proposer import ProposerState, RemoteEagleProposer
 CONFIG_KEY = "eagle_cluster"
 
 
-def _ensure_ray(namespace: str | None) -> None:
-    """In an engine subprocess, join the running Ray cluster (else ``ray.put`` starts a private one)."""
+def _ensure_ray(address: str | None, namespace: str | None) -> None:
+    """In an engine subprocess, join the running Ray cluster (else ``ray.put`` starts a private one).
+
+    ``address``: the cluster's GCS address, from the process that built the engine. ``"auto"`` is not enough with
+    several Ray nodes on one host: objects this process puts were then unreachable from other nodes
+    (``OwnerDiedError``, reproduced with plain ``ray.put`` and ``ray.cluster_utils.Cluster``)."""
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), namespace=namespace, log_to_driver=False)
+        address = address or os.environ.get("RAY_ADDRESS", "auto")
+        ray.init(address=address, namespace=namespace, log_to_driver=False)
 
 
 class RemoteDraftWorker(_PlatformWorker):
@@ -88,7 +93,7 @@ class RemoteDraftWorker(_PlatformWorker):
         client = None
         if is_driver:
             spec = dict(cfg.get("draft_client", {}))
-            _ensure_ray(spec.get("namespace"))
+            _ensure_ray(cfg.get("ray_address"), spec.get("namespace"))
             client = build_client(spec)
         runner.drafter = RemoteEagleProposer(self.vllm_config, self.device, runner, client, is_driver)
 

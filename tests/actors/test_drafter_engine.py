@@ -12,23 +12,28 @@ from actors.eagle.layers import sdpa_attend
 from actors.messages import DraftStep, SeqSlice
 
 
+def causal_attend(head, pos):
+    """Plain causal (and chunked) attention over all rows, at positions ``pos``."""
+    n = len(pos)
+
+    def attend(layer, q, kk, v, positions):
+        m = torch.tril(torch.ones(n, n, dtype=torch.bool))
+        c = head.layers[layer].self_attn.chunk_size
+        if c:
+            m &= (pos[:, None] // c) == (pos[None, :] // c)
+        return sdpa_attend(q[None], kk[None], v[None], m[None])[0]
+
+    return attend
+
+
 def reference_drafts(head, ids, hidden, k, p0=0):
     """Full recompute: rows (ids[t], hidden[t]) at positions p0..p0+n-1, then k greedy drafts, each step
     re-running the head over every row so far with a plain causal (and chunked) mask."""
     ids, hid = list(ids), [h for h in head.combine(hidden)]
     drafts = []
     for _ in range(k):
-        n = len(ids)
-        pos = p0 + torch.arange(n)
-
-        def attend(layer, q, kk, v, positions, n=n, pos=pos):
-            m = torch.tril(torch.ones(n, n, dtype=torch.bool))
-            c = head.layers[layer].self_attn.chunk_size
-            if c:
-                m &= (pos[:, None] // c) == (pos[None, :] // c)
-            return sdpa_attend(q[None], kk[None], v[None], m[None])[0]
-
-        out, fed = head(torch.tensor(ids), torch.stack(hid), pos, attend)
+        pos = p0 + torch.arange(len(ids))
+        out, fed = head(torch.tensor(ids), torch.stack(hid), pos, causal_attend(head, pos))
         d = int(head.greedy(out[-1]))
         drafts.append(d)
         ids.append(d)
@@ -133,17 +138,8 @@ def continue_greedy(head, ids, hid, k, first=None):
     row)), then k greedy drafts by full recompute. Returns the drafts; ``ids`` / ``hid`` grow in place."""
     drafts = []
     for step in range(k + (first is not None)):
-        n = len(ids)
-        pos = torch.arange(n)
-
-        def attend(layer, q, kk, v, positions, n=n, pos=pos):
-            m = torch.tril(torch.ones(n, n, dtype=torch.bool))
-            c = head.layers[layer].self_attn.chunk_size
-            if c:
-                m &= (pos[:, None] // c) == (pos[None, :] // c)
-            return sdpa_attend(q[None], kk[None], v[None], m[None])[0]
-
-        out, fed = head(torch.tensor(ids), torch.stack(hid), pos, attend)
+        pos = torch.arange(len(ids))
+        out, fed = head(torch.tensor(ids), torch.stack(hid), pos, causal_attend(head, pos))
         tok = first if (first is not None and step == 0) else int(head.greedy(out[-1]))
         if not (first is not None and step == 0):
             drafts.append(tok)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from benchmarks.serving_compare import stop
 from tests.conftest import ROOT
 
 HTTP = "http://127.0.0.1:8000"
@@ -86,14 +86,7 @@ def serve_run(config: Path, timeout_s: float = 600) -> Iterator[subprocess.Popen
             raise TimeoutError(f"the app did not become healthy in {timeout_s} s")
         yield proc
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "stop", "--force"],
-                       capture_output=True)
+        stop(proc)
 
 
 def replica_actors(deployment: str) -> list[dict[str, Any]]:

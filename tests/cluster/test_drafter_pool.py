@@ -144,13 +144,14 @@ def test_drafter_killed_under_32_streams(server, reference):
     events = [e for e in _spec_stats()["client"]["events"] if e[0] >= marks["kill"]]
     failed = [t for t, kind, _ in events if kind == "failed"]
     rehomed = [t for t, kind, _ in events if kind == "rehomed"]
-    assert failed and rehomed, events
+    assert rehomed, events  # (a failed call first only if a step reached the dead replica before Serve noticed)
     recovery = min(rehomed) - marks["kill"]
     before = marks["before"] - marks["start"]
     during = marks["during"] - marks["before"]
     after = marks["end"] - marks["during"]
-    print(f"\nkill -> first failed step {min(failed) - marks['kill']:.3f} s, -> re-homed and drafting "
-          f"{recovery:.3f} s; acceptance length before {_mal(before):.2f}, 2 s after the kill {_mal(during):.2f}, "
+    first_failed = f"{min(failed) - marks['kill']:.3f} s" if failed else "none"
+    print(f"\nkill -> first failed draft call: {first_failed}; -> re-homed and drafting {recovery:.3f} s; "
+          f"acceptance length before {_mal(before):.2f}, 2 s after the kill {_mal(during):.2f}, "
           f"after {_mal(after):.2f}")
     assert recovery < 2.0
     assert after.num_accepted_tokens > 0

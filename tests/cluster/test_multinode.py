@@ -35,8 +35,11 @@ def nodes(reference):
 
     from cluster.app import build_app
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    verifier_node = cluster.add_node(num_cpus=1, resources={"verifier_node": 2})
+    # The verifiers go on the head node: vLLM's engine process joins Ray as a driver on its own host, and with
+    # several simulated nodes on one host Ray connects drivers to the head's raylet (one raylet per host in a
+    # real cluster). Objects it puts then live on the node its replica runs on, as they would for real.
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"verifier_node": 2}})
+    verifier_node = cluster.head_node
     drafter_node = cluster.add_node(num_cpus=1, resources={"drafter_node": 1})
     ray.init(address=cluster.address, log_to_driver=False)
     try:
