@@ -12,6 +12,9 @@ One step, for B sequences holding N new rows in all (see ``actors.messages`` for
 3. k - 1 draft passes, one row per sequence, at positions last + 1, last + 2, ...
 
 All of it is batched: the only Python loop is over the k draft positions.
+
+With asynchronous drafting (``branches``), sequences whose outcome was guessed skip all of that (their drafts
+were precomputed), and ``after_step`` does the rest off the critical path: ``actors.drafter.branches``.
 """
 
 from __future__ import annotations
