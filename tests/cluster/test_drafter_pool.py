@@ -13,6 +13,7 @@ import asyncio
 import os
 import signal
 import time
+import urllib.request
 
 import pytest
 
@@ -209,18 +210,34 @@ def test_verifier_killed_requests_end_with_503_then_it_serves_again(server, refe
         status, _ = post("/v1/completions", body, timeout=120)
         outcomes.append((status, time.time()))
 
-    threads = [threading.Thread(target=request) for _ in range(4)]
+    streaming = threading.Event()
+    events: list[str] = []
+
+    def stream() -> None:  # a stream already under way when the verifier dies
+        req = urllib.request.Request(HTTP + "/v1/completions", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({**json.loads(body), "stream": True}).encode())
+        with urllib.request.urlopen(req, timeout=120) as r:
+            for line in r:
+                if line.startswith(b"data: "):
+                    events.append(line[6:].decode().strip())
+                    streaming.set()
+        outcomes.append((0, time.time()))
+
+    threads = [threading.Thread(target=request) for _ in range(4)] + [threading.Thread(target=stream)]
     for t in threads:
         t.start()
-    time.sleep(2)
+    assert streaming.wait(60)
+    time.sleep(1)
     killed = time.time()
     os.kill(verifier["pid"], signal.SIGKILL)
     for t in threads:
         t.join(timeout=120)
-    assert len(outcomes) == 4
-    assert all(status == 503 for status, _ in outcomes), outcomes
+    assert len(outcomes) == 5
+    assert sorted(status for status, _ in outcomes) == [0, 503, 503, 503, 503], outcomes
+    assert events[-1] == "[DONE]" and '"code": 503' in events[-2], events[-3:]  # an error event ends the stream
     slowest = max(t for _, t in outcomes) - killed
-    print(f"\nverifier killed: 4 in-flight requests answered 503 within {slowest:.2f} s")
+    print(f"\nverifier killed: 4 in-flight requests answered 503, a stream ended with a 503 event, within "
+          f"{slowest:.2f} s")
     assert slowest < 10
     deadline = time.time() + 300
     while time.time() < deadline:
