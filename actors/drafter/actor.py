@@ -51,7 +51,7 @@ class DrafterActor:
         self.cold_sequences = 0
         self.branch_hits = 0
         self.branch_lookups = 0
-        self.compute_ms: list[float] = []  # per step, since the last stats_window() read
+        self.compute_ms: list[float] = []  # per step, since the last load_window() read
         self.started = time.time()
 
     def _on_engine_thread(self, fn, *args):

@@ -256,7 +256,8 @@ class DrafterEngine:
             if found is not None and len(found) == k:
                 hits.append(i)
                 hit_drafts.append(found)
-        misses = [i for i in range(num_seqs) if i not in set(hits)]
+        hit_set = set(hits)
+        misses = [i for i in range(num_seqs) if i not in hit_set]
         cold, miss_chain = 0, None
         if misses:
             sub, rows = step.select(misses)
