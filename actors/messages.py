@@ -11,6 +11,10 @@ token for the last row), which is how EAGLE pairs token t+1 with hidden state t.
 
 Worked example: a sequence whose accepted tokens this step are ``[a, b]`` at positions 7, 8, and whose
 bonus / recovered token is ``c``: rows (position 7: input b, hidden h7), (position 8: input c, hidden h8).
+
+Pipelined drafting adds a third message: after each step the drafter drafts the next step's *branches* (one per
+guessed outcome, ``actors.drafter.branches``) and answers ``DrafterActor.branches`` with a ``BranchTable``; the
+verifier keeps its object ref and, at the next step, looks each sequence's real outcome up in it locally.
 """
 
 from __future__ import annotations
@@ -20,6 +24,13 @@ from dataclasses import dataclass, field
 
 import msgpack
 import numpy as np
+
+
+class SeqRole(enum.StrEnum):
+    """What the verifier does with a sequence's drafts this step."""
+
+    DRAFT = "draft"  # proposes the drafter's drafts: from the branch table (a hit) or drafted now (it waits)
+    CONTEXT = "context"  # proposed placeholders without waiting (a prompt step): cache the rows, draft branches
 
 
 class DraftStatus(enum.StrEnum):
@@ -34,6 +45,7 @@ class SeqSlice:
     start: int  # first row in the step's flat arrays
     num_tokens: int  # rows of this sequence this step (>= 1)
     start_position: int  # position of the first row
+    role: SeqRole = SeqRole.DRAFT
 
 
 @dataclass
@@ -54,7 +66,7 @@ class DraftStep:
             {
                 "step_id": self.step_id,
                 "k": self.num_speculative_tokens,
-                "seqs": [[s.req_id, s.start, s.num_tokens, s.start_position] for s in self.seqs],
+                "seqs": [[s.req_id, s.start, s.num_tokens, s.start_position, s.role.value] for s in self.seqs],
                 "input_ids": self.input_ids.astype(np.int32).tobytes(),
                 "finished": list(self.finished),
                 "hidden_dtype": self.hidden_dtype,
@@ -68,7 +80,7 @@ class DraftStep:
         return cls(
             step_id=int(d["step_id"]),
             num_speculative_tokens=int(d["k"]),
-            seqs=[SeqSlice(str(r), int(s), int(n), int(p)) for r, s, n, p in d["seqs"]],
+            seqs=[SeqSlice(str(r), int(s), int(n), int(p), SeqRole(role)) for r, s, n, p, role in d["seqs"]],
             input_ids=np.frombuffer(d["input_ids"], dtype=np.int32),
             finished=[str(x) for x in d["finished"]],
             hidden_dtype=str(d["hidden_dtype"]),
@@ -83,7 +95,7 @@ class DraftStep:
         seqs, rows, off = [], [], 0
         for i in seq_indices:
             s = self.seqs[i]
-            seqs.append(SeqSlice(s.req_id, off, s.num_tokens, s.start_position))
+            seqs.append(SeqSlice(s.req_id, off, s.num_tokens, s.start_position, s.role))
             rows.append(np.arange(s.start, s.start + s.num_tokens))
             off += s.num_tokens
         idx = np.concatenate(rows) if rows else np.zeros(0, np.int64)
@@ -150,3 +162,53 @@ class DraftResult:
             str(d.get("drafter_id", "")), int(d.get("active_sequences", 0)), int(d.get("cold_sequences", 0)),
             int(d.get("branch_lookups", 0)), [int(i) for i in d.get("hit_rows", [])],
         )
+
+
+@dataclass
+class BranchEntry:
+    """One sequence's precomputed next-step drafts, valid for the step that ships rows from position L+1
+    (notation: ``actors.drafter.branches``)."""
+
+    last_position: int  # L
+    served: list[int]  # T_1..T_s: the drafts the verifier proposed for the step these branches follow (s <= k)
+    drafts: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (a, y) -> k draft token ids
+
+    def lookup(self, start_position: int, input_ids: list[int]) -> list[int] | None:
+        """The branch for a step's rows (positions from ``start_position``, inputs ``input_ids``), if any.
+
+        Worked example: L = 9, served [t1, t2]; a step shipping positions 10, 11 with inputs [t1, y] accepted
+        a = 1 draft and emitted y, so it is answered by ``drafts[(1, y)]``; inputs [t2, y] match no branch."""
+        a = len(input_ids) - 1
+        if start_position != self.last_position + 1 or a > len(self.served) or input_ids[:a] != self.served[:a]:
+            return None
+        return self.drafts.get((a, input_ids[a]))
+
+
+@dataclass
+class BranchTable:
+    """A drafter's branches for the sequences of the step it just answered, and its load."""
+
+    entries: dict[str, BranchEntry]
+    active_sequences: int = 0  # sequences the drafter holds draft state for (all verifiers)
+    compute_ms: float = 0.0  # drafting the branches (and folding the step's hits)
+
+    def pack(self) -> bytes:
+        return msgpack.packb(
+            {
+                "entries": {rid: [e.last_position, e.served, [[a, y, *d] for (a, y), d in e.drafts.items()]]
+                            for rid, e in self.entries.items()},
+                "active_sequences": self.active_sequences,
+                "compute_ms": self.compute_ms,
+            },
+            use_bin_type=True,
+        )
+
+    @classmethod
+    def unpack(cls, data: bytes) -> BranchTable:
+        d = msgpack.unpackb(data, raw=False)
+        entries = {
+            str(rid): BranchEntry(int(last), [int(t) for t in served],
+                                  {(int(b[0]), int(b[1])): [int(t) for t in b[2:]] for b in branches})
+            for rid, (last, served, branches) in d["entries"].items()
+        }
+        return cls(entries, int(d["active_sequences"]), float(d["compute_ms"]))

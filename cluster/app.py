@@ -46,10 +46,14 @@ def build_app(args: dict[str, Any]) -> Application:
     cfg = resolve_paths(EagleClusterConfig.model_validate(args))
     v, d = cfg.verifier, cfg.drafter
 
+    # Each replica owns a drafter actor that does the drafting: the replica's placement group holds the
+    # configured resources in one bundle, the replica itself takes none of them, the actor takes them all.
     actor_opts: dict[str, Any] = {"num_cpus": d.num_cpus, "num_gpus": d.num_gpus, "resources": dict(d.resources)}
+    drafter_bundle = {k: v for k, v in {"CPU": d.num_cpus, "GPU": d.num_gpus, **d.resources}.items() if v}
+    replica_opts: dict[str, Any] = {"num_cpus": 0}
     drafter_opts: dict[str, Any] = {
         "name": DRAFTER,
-        "ray_actor_options": actor_opts,
+        "ray_actor_options": replica_opts,
         "health_check_period_s": 5,
         "max_ongoing_requests": d.max_ongoing_requests,
         "request_router_config": RequestRouterConfig(
@@ -58,15 +62,17 @@ def build_app(args: dict[str, Any]) -> Application:
             request_routing_stats_timeout_s=5.0,
         ),
     }
+    if drafter_bundle:
+        drafter_opts["placement_group_bundles"] = [drafter_bundle]
     if d.autoscaling_config is not None:
         drafter_opts["autoscaling_config"] = d.autoscaling_config.for_serve()
         interval = str(d.autoscaling_config.metrics_interval_s)
-        actor_opts["runtime_env"] = {"env_vars": {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": interval}}
+        replica_opts["runtime_env"] = {"env_vars": {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": interval}}
     else:
         drafter_opts["num_replicas"] = d.num_replicas or 1
     drafter = serve.deployment(DrafterServer).options(**drafter_opts).bind(
         cfg.speculative_config.model, v.model, d.max_model_len or v.max_model_len + 8, d.num_threads,
-        d.async_drafting.for_drafter(),
+        d.async_drafting.for_drafter(), actor_opts, d.cpu_affinity,
     )
 
     bundle = {"GPU": 1, "CPU": v.num_cpus} if v.accelerator == "gpu" else {"CPU": v.num_cpus}

@@ -130,6 +130,9 @@ class AsyncDraftingConfig(_Strict):
     enabled: bool = False
     bonus_fanout: int = Field(2, ge=1, le=8, description="guesses for the bonus token (all drafts accepted)")
     recovered_fanout: int = Field(1, ge=0, le=4, description="guesses for the recovered token per rejection point")
+    max_branch_rows: int | None = Field(
+        32, ge=0, description="branches per step for a replica's whole batch: fewer per sequence as the batch "
+        "grows, none past it (drafted on demand); null: no limit")
 
     def for_drafter(self) -> dict[str, int] | None:
         return self.model_dump(exclude={"enabled"}) if self.enabled else None
@@ -143,6 +146,8 @@ class DrafterConfig(_Strict):
     autoscaling_config: AutoscalingConfig | None = None
     max_model_len: int | None = Field(None, ge=16)
     num_threads: int = Field(1, ge=1, description="torch threads per drafter replica")
+    cpu_affinity: list[int] | None = Field(
+        None, min_length=1, description="bind each drafter's process to these cores (a drafter with cores of its own)")
     timeout_s: float = Field(10.0, gt=0, description="a draft call slower than this drafts nothing")
     max_ongoing_requests: int = Field(32, ge=1, description="concurrent draft calls per replica (all verifiers)")
     async_drafting: AsyncDraftingConfig = Field(default_factory=AsyncDraftingConfig)

@@ -1,12 +1,13 @@
-"""The drafter deployment: a Ray Serve replica around ``actors.drafter.engine.DrafterEngine``.
+"""The drafter deployment: a Ray Serve replica that owns one drafter actor (``actors.drafter.actor.DrafterActor``).
 
-Undecorated (``cluster.app`` makes it a deployment with the configured resources and autoscaling). The verifier's
-``RemoteEagleProposer`` reaches it through ``cluster.draft_client.ServeDraftClient``: a packed ``DraftStep`` and
-the ``ObjectRef`` of the step's hidden states in, a packed ``DraftResult`` out (carrying this replica's id,
-so the client can send the step's sequences back here: ``cluster.drafter_router``). Health reflects real
-health: the head is loaded and answers a one-token draft.
+Undecorated (``cluster.app`` makes it a deployment with a one-bundle placement group holding the configured
+resources, and autoscaling). Serve places, health-checks and scales the replicas; the replica starts its
+drafter actor in its own bundle (so the actor gets the replica's CPUs / GPU), and the actor dies with it (Ray
+ends an actor whose owner dies). Verifiers reach the actor straight by its handle, which ``attach`` hands out
+(``cluster.draft_client.ServeDraftClient``): a step's traffic never goes through Serve.
 
-Load reports: ``record_routing_stats`` (active sequences, for the router's least-loaded choice) and
+Health reflects real health: the actor is alive and answers a one-token draft. Load reports:
+``record_routing_stats`` (active sequences, for the router's least-loaded choice) and
 ``record_autoscaling_stats`` (active sequences and mean draft time, for ``cluster.drafter_autoscaling``).
 """
 
@@ -15,40 +16,47 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from actors.drafter.actor import DrafterActor
+from actors.drafter.actor import drafter_actor_class
 
 
 class DrafterServer:
-    def __init__(self, head_dir: str, target_dir: str, max_model_len: int = 4096, num_threads: int = 1,
-                 branches: dict[str, int] | None = None) -> None:
+    async def __init__(self, head_dir: str, target_dir: str, max_model_len: int = 4096, num_threads: int = 1,
+                   branches: dict[str, Any] | None = None, actor_options: dict[str, Any] | None = None,
+                   cpu_affinity: list[int] | None = None) -> None:
+        """``actor_options``: the drafter actor's Ray resources (``num_cpus``, ``num_gpus``, ``resources``)."""
         from ray import serve
+        from ray.util import get_current_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        replica_id = serve.get_replica_context().replica_id.unique_id
-        self.actor = DrafterActor(head_dir, target_dir, max_model_len=max_model_len, num_threads=num_threads,
-                                  drafter_id=replica_id, branches=branches)
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        opts = dict(actor_options or {})
+        pg = get_current_placement_group()
+        if pg is not None:
+            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
+        self.drafter = drafter_actor_class(**opts).remote(
+            head_dir, target_dir, max_model_len, num_threads, self.replica_id, branches=branches,
+            cpu_affinity=cpu_affinity,
+        )
+        self.info = await self.drafter.info.remote()
 
-    async def propose(self, step_bytes: bytes, hidden: Any) -> bytes:
-        import ray
-
-        if isinstance(hidden, ray.ObjectRef):  # Serve passes refs through unresolved
-            hidden = await hidden
-        return self.actor.propose(step_bytes, hidden)
+    async def attach(self) -> tuple[str, Any, dict[str, Any]]:
+        """(this replica's id, its drafter actor's handle, the drafter's info) for a verifier's client."""
+        return self.replica_id, self.drafter, self.info
 
     async def stats(self) -> dict[str, Any]:
-        import ray
+        return await self.drafter.stats.remote()
 
-        return {**self.actor.stats(), "node_id": ray.get_runtime_context().get_node_id()}
+    async def record_routing_stats(self) -> dict[str, Any]:
+        stats = await self.drafter.stats.remote()
+        return {"active_sequences": stats["active_sequences"], "reported_at": time.time()}
 
-    def record_routing_stats(self) -> dict[str, Any]:
-        return {"active_sequences": self.actor.engine.num_active_sequences, "reported_at": time.time()}
-
-    def record_autoscaling_stats(self) -> dict[str, float]:
-        return self.actor.load_window()
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        return await self.drafter.load_window.remote()
 
     async def free(self, req_ids: list[str]) -> int:
-        return self.actor.free(req_ids)
+        return await self.drafter.free.remote(req_ids)
 
     async def check_health(self) -> None:
-        shape = self.actor.probe()
+        shape = await self.drafter.probe.remote()
         if tuple(shape) != (1, 1):
             raise RuntimeError(f"drafter unhealthy: probe drafted shape {shape}")

@@ -1,21 +1,23 @@
-"""The drafter as a plain Ray actor: a ``DrafterEngine`` behind msgpack-in, msgpack-out methods.
+"""The drafter as a Ray actor: a ``DrafterEngine`` behind msgpack-in, msgpack-out methods.
 
-``propose(step_bytes, hidden)``: ``hidden`` arrives resolved from its ``ObjectRef`` (a numpy array read from
-the object store). Errors are caught and returned as a ``FAILED`` result, so the verifier can carry on
-without drafts; they are also counted for ``health``.
+It runs one call at a time, in the order each caller sent them (a Ray actor with ``max_concurrency=1``), so a
+verifier can send a step and not wait for it: everything it sends later is handled after it.
 
-With asynchronous drafting (``branches``), ``propose`` answers and returns at once, and the engine's
-``after_step`` (fold the real hidden states, draft the next step's branches) runs on the actor's engine thread
-while the verifier verifies. Every engine call goes through that one thread, in order, so the next
-``propose`` (or ``free``) starts after it.
+- ``propose(step_bytes, hidden)``: answer a ``DraftStep``; ``hidden`` arrives as a numpy array (Ray inlines a
+  small one into the call, and passes a large one through the object store). Errors come back as a ``FAILED``
+  result, so the verifier carries on without drafts.
+- ``branches()``: with asynchronous drafting, the engine's ``after_step`` (fold the step's real hidden states,
+  draft the next step's branches), answered with a ``BranchTable``. The verifier calls it right after each
+  ``propose`` without waiting, and keeps the reply's object ref for its next step.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -24,15 +26,20 @@ from actors.drafter.branches import BranchConfig
 from actors.drafter.engine import DrafterEngine
 from actors.eagle.compat import check_head_fits_target, target_text_config
 from actors.eagle.spec import load_head_spec
-from actors.messages import DraftResult, DraftStatus, DraftStep, SeqSlice
+from actors.messages import BranchTable, DraftResult, DraftStatus, DraftStep, SeqSlice
 
 logger = logging.getLogger(__name__)
+HEALTH_PROBE = "__health__"
 
 
 class DrafterActor:
     def __init__(self, head_dir: str, target_dir: str | None = None, max_model_len: int = 4096,
                  num_threads: int | None = None, drafter_id: str = "",
-                 branches: BranchConfig | dict[str, int] | None = None) -> None:
+                 branches: BranchConfig | dict[str, Any] | None = None,
+                 cpu_affinity: list[int] | None = None) -> None:
+        """``cpu_affinity``: bind this process to these cores (a drafter with cores of its own)."""
+        if cpu_affinity:
+            os.sched_setaffinity(0, cpu_affinity)
         if num_threads:
             import torch
 
@@ -43,68 +50,75 @@ class DrafterActor:
             branches = BranchConfig(**branches)
         self.engine = DrafterEngine.from_checkpoint(head_dir, target_dir, max_model_len=max_model_len,
                                                     branches=branches)
-        self._engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter-engine")
         self.head_dir = head_dir
-        self.drafter_id = drafter_id  # answered with every result, so a pool's router can send sequences back
+        self.drafter_id = drafter_id  # answered with every result, so a pool's client knows who drafted
         self.steps = 0
         self.failures = 0
         self.cold_sequences = 0
         self.branch_hits = 0
         self.branch_lookups = 0
-        self.compute_ms: list[float] = []  # per step, since the last load_window() read
-        self.started = time.time()
+        self.compute_ms: deque[float] = deque(maxlen=1024)  # per step, since the last load_window() read
+        self.branch_ms: deque[float] = deque(maxlen=1024)  # per branches() call (async drafting)
 
-    def _on_engine_thread(self, fn, *args):
-        return self._engine_thread.submit(fn, *args).result()
-
-    def _after_step(self) -> None:
-        try:
-            self.engine.after_step()
-        except Exception:  # the next step drafts on demand
-            logger.exception("drafter: precomputing the next step failed")
+    def info(self) -> dict[str, Any]:
+        """What a verifier's client needs to know about this drafter."""
+        return {"drafter_id": self.drafter_id, "drafts_branches": self.engine.branch_config is not None}
 
     def propose(self, step_bytes: bytes, hidden: np.ndarray) -> bytes:
-        step = DraftStep.unpack(step_bytes)
         try:
-            result = self._on_engine_thread(self.engine.propose, step, hidden)
-            if self.engine.has_pending_work:
-                self._engine_thread.submit(self._after_step)  # runs while the verifier verifies
+            step = DraftStep.unpack(step_bytes)
+            result = self.engine.propose(step, hidden)
         except Exception as e:
             self.failures += 1
-            logger.warning("drafter step %d failed: %s", step.step_id, e)
-            result = DraftResult(
-                step.step_id, DraftStatus.FAILED, np.zeros((0, 0), np.int32), error=traceback.format_exc(limit=3)
-            )
+            logger.warning("drafter step failed: %s", e)
+            result = DraftResult(-1, DraftStatus.FAILED, np.zeros((0, 0), np.int32),
+                                 error=traceback.format_exc(limit=3))
         self.steps += 1
         self.cold_sequences += result.cold_sequences
         self.branch_hits += result.branch_hits
         self.branch_lookups += result.branch_lookups
         self.compute_ms.append(result.compute_ms)
         result.drafter_id = self.drafter_id
+        result.active_sequences = self.engine.num_active_sequences
         return result.pack()
 
+    def branches(self) -> bytes:
+        """Fold the last step and draft the next step's branches; its sequences' entries (empty if none)."""
+        start = time.perf_counter()
+        try:
+            entries = self.engine.after_step()
+        except Exception:  # the next step drafts on demand
+            logger.exception("drafter: precomputing the next step failed")
+            entries = {}
+        ms = (time.perf_counter() - start) * 1e3
+        self.branch_ms.append(ms)
+        return BranchTable(entries, self.engine.num_active_sequences, ms).pack()
+
     def free(self, req_ids: list[str]) -> int:
-        self._on_engine_thread(self.engine.free, req_ids)
+        self.engine.free(req_ids)
         return self.engine.num_active_sequences
 
     def probe(self) -> tuple[int, int]:
         """Draft one token for a throwaway sequence (a health check); returns the drafts' shape."""
+        if self.engine.has_pending_work:
+            self.engine.after_step()
         spec = self.engine.spec
-        step = DraftStep(-1, 1, [SeqSlice("__health__", 0, 1, 0)], np.zeros(1, np.int32))
+        step = DraftStep(-1, 1, [SeqSlice(HEALTH_PROBE, 0, 1, 0)], np.zeros(1, np.int32))
         hidden = np.zeros((1, spec.fused_hidden_size), np.float32)
-
-        def run() -> tuple[int, int]:
-            drafts = self.engine.propose(step, hidden, precompute=False).draft_token_ids
-            self.engine.free(["__health__"])
-            return drafts.shape
-
-        return self._on_engine_thread(run)
+        try:
+            return tuple(self.engine.propose(step, hidden, precompute=False).draft_token_ids.shape)
+        finally:
+            self.engine.free([HEALTH_PROBE])
 
     def stats(self) -> dict[str, Any]:
+        import ray
+
         return {
             "head": self.head_dir,
             "method": self.engine.spec.method.value,
             "drafter_id": self.drafter_id,
+            "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else "",
+            "pid": os.getpid(),
             "active_sequences": self.engine.num_active_sequences,
             "steps": self.steps,
             "failures": self.failures,
@@ -116,7 +130,8 @@ class DrafterActor:
 
     def load_window(self) -> dict[str, float]:
         """Load since the last call: active sequences now and the mean draft compute per step (ms)."""
-        window, self.compute_ms = self.compute_ms, []
+        window = list(self.compute_ms)
+        self.compute_ms.clear()
         return {
             "active_sequences": float(self.engine.num_active_sequences),
             "draft_ms": sum(window) / len(window) if window else 0.0,
@@ -124,6 +139,13 @@ class DrafterActor:
 
     def ping(self) -> bool:
         return True
+
+
+def drafter_actor_class(**options: Any):
+    """``DrafterActor`` as a Ray actor class: one call at a time, in each caller's order."""
+    import ray
+
+    return ray.remote(DrafterActor).options(max_concurrency=1, **options)
 
 
 def start_drafter_actor(
@@ -137,20 +159,21 @@ def start_drafter_actor(
     resources: dict[str, float] | None = None,
     max_model_len: int = 4096,
     num_threads: int | None = 1,
-    branches: dict[str, int] | None = None,
+    branches: dict[str, Any] | None = None,
+    cpu_affinity: list[int] | None = None,
 ):
     """A named ``DrafterActor`` on its own resources; returns its handle once the head is loaded.
 
     Keep the handle: a named actor is still reference-counted, and goes away with its last handle."""
     import ray
 
-    opts: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_concurrency": 1}
+    opts: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
     if name:
         opts.update(name=name, namespace=namespace, lifetime=None)
     if resources:
         opts["resources"] = resources
-    handle = ray.remote(DrafterActor).options(**opts).remote(
-        head_dir, target_dir, max_model_len, num_threads, branches=branches
+    handle = drafter_actor_class(**opts).remote(
+        head_dir, target_dir, max_model_len, num_threads, name or "", branches=branches, cpu_affinity=cpu_affinity
     )
     ray.get(handle.ping.remote())
     return handle

@@ -7,17 +7,18 @@ verifier's rejection sampler decides), so a branch drafted from the head's own p
 the target's is only a question of acceptance.
 
 Notation for one sequence (terms: ``actors/eagle/__init__.py``). The step's last real row is at position L
-(input: the token x at L+1). Pass 0 is that row's context pass; pass j (1 <= j <= k) is the draft pass at
+(input: the token x at L+1). Pass 0 is that row's context pass; pass j (1 <= j <= s) is the draft pass at
 position L+j, input ``T_j`` (the j-th served draft), feature ``f_j`` (the head's prediction of the target's
-feature there); pass j gives ``logits_j`` (for the token at L+j+2) and ``f_{j+1}``. Pass k is one pass beyond
-what drafting needs: it gives the bonus token's distribution.
+feature there); pass j gives ``logits_j`` (for the token at L+j+2) and ``f_{j+1}``. Pass s is one pass beyond
+what drafting needs: it gives the bonus token's distribution. Usually s = k; s = 0 for a prompt step whose
+drafts the verifier did not wait for (it proposed placeholders, so it accepts none: a = 0).
 
-The verifier then accepts ``a`` drafts (0 <= a <= k) and emits token ``y`` at L+a+2: a recovered token if
-a < k, the bonus token if a = k. Outcome (a, y)'s branch drafts k tokens from a row at position L+a+1 with
+The verifier then accepts ``a`` drafts (0 <= a <= s) and emits token ``y`` at L+a+2: a recovered token if
+a < s, the bonus token if a = s. Outcome (a, y)'s branch drafts k tokens from a row at position L+a+1 with
 input y and feature ``f_a+1``, attending to the sequence's cache up to L+a (real entries up to L, the passes'
 entries for L+1..L+a, whose inputs ``T_1..T_a`` are exactly the accepted tokens) and to its own new rows.
-Guesses for y: the top ``bonus_fanout`` tokens of ``logits_k`` (a = k), and the top ``recovered_fanout`` of
-``logits_a`` other than ``T_a+1`` (a < k).
+Guesses for y: the top ``bonus_fanout`` tokens of ``logits_s`` (a = s), and the top ``recovered_fanout`` of
+``logits_a`` other than ``T_a+1`` (a < s), at most ``BranchConfig.branches_per_sequence`` in all (``guesses``).
 
 Worked example, k = 2, L = 9, served T = [t1, t2]: outcome (a=1, y) is the next step shipping rows at
 positions 10 (input t1) and 11 (input y); its branch row is position 11, input y, feature f_2, over cache
@@ -26,62 +27,67 @@ keys 0..10 (real 0..9, pass 1's entry at 10).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from actors.drafter.kv_cache import DraftKVCache
 from actors.eagle.layers import sdpa_attend
+from actors.messages import BranchEntry
+
+__all__ = ["BranchAttention", "BranchConfig", "BranchEntry", "guesses"]
 
 
 @dataclass(frozen=True)
 class BranchConfig:
     bonus_fanout: int = 2  # guesses for the bonus token (all k drafts accepted)
     recovered_fanout: int = 1  # guesses for the recovered token at each earlier rejection point; 0: none
+    max_branch_rows: int | None = 32  # branches per step for the whole batch; None: no limit
 
     def __post_init__(self) -> None:
         if self.bonus_fanout < 1 or self.recovered_fanout < 0:
             raise ValueError(f"branches: bonus_fanout >= 1 and recovered_fanout >= 0, got {self}")
+        if self.max_branch_rows is not None and self.max_branch_rows < 0:
+            raise ValueError(f"branches: max_branch_rows >= 0, got {self.max_branch_rows}")
 
-    def branches_per_sequence(self, k: int) -> int:
-        return self.bonus_fanout + k * self.recovered_fanout
-
-
-@dataclass
-class BranchEntry:
-    """One sequence's precomputed next-step drafts, valid for the step that ships rows from position L+1."""
-
-    last_position: int  # L
-    served: list[int]  # T_1..T_k
-    drafts: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (a, y) -> k draft token ids
-
-    def lookup(self, start_position: int, input_ids: list[int]) -> list[int] | None:
-        """The branch for a step's rows (positions from ``start_position``, inputs ``input_ids``), if any."""
-        a = len(input_ids) - 1
-        if start_position != self.last_position + 1 or a > len(self.served) or input_ids[:a] != self.served[:a]:
-            return None
-        return self.drafts.get((a, input_ids[a]))
+    def branches_per_sequence(self, k: int, batch_size: int = 1) -> int:
+        """Fan-out that adapts to load: the configured guesses per sequence, fewer as the batch grows so that a
+        step drafts at most ``max_branch_rows`` branches, and none once the batch alone exceeds it (the
+        drafter then drafts on demand, as synchronous drafting does)."""
+        full = self.bonus_fanout + k * self.recovered_fanout
+        if self.max_branch_rows is None:
+            return full
+        return min(full, self.max_branch_rows // max(batch_size, 1))
 
 
 def guesses(
-    logits: torch.Tensor,  # [B, k + 1, draft_vocab] logits_0..logits_k
-    served_draft_ids: torch.Tensor,  # [B, k] T_1..T_k in the head's draft vocabulary
+    logits: torch.Tensor,  # [B, s + 1, draft_vocab] logits_0..logits_s
+    served_draft_ids: torch.Tensor,  # [B, s] T_1..T_s in the head's draft vocabulary
     config: BranchConfig,
-) -> tuple[torch.Tensor, torch.Tensor]:  # ([B, n] outcome a, [B, n] guessed y in draft ids); n per sequence
-    """Outcome a's guesses: top ``recovered_fanout`` of logits_a without T_a+1 (a < k); top ``bonus_fanout`` of
-    logits_k (a = k). Worked example, k = 1, fanouts 1 / 2: logits_0 top [T_1, u], logits_1 top [v, w] ->
-    a = [0, 1, 1], y = [u, v, w]."""
-    num_seqs, k1, _ = logits.shape
-    k = k1 - 1
+    per_sequence: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([B, n] outcome a, [B, n] guessed y in draft ids), n <= per_sequence
+    """The ``per_sequence`` likeliest outcomes, best first: the bonus token's top guess (a = s), then the top
+    recovered guess at each rejection point a < s (logits_a without T_a+1), then the second choices, and so on,
+    up to ``bonus_fanout`` / ``recovered_fanout`` of each.
+
+    Worked example, s = 1, fanouts 2 / 1: logits_0 top [T_1, u], logits_1 top [v, w] -> a = [1, 0, 1],
+    y = [v, u, w]; with per_sequence 2: a = [1, 0], y = [v, u]."""
+    num_seqs, s1, _ = logits.shape
+    s = s1 - 1
+    bonus = logits[:, s].topk(config.bonus_fanout, dim=-1).indices  # [B, bonus_fanout]
+    recovered = None
+    if config.recovered_fanout and s:
+        masked = logits[:, :s].scatter(-1, served_draft_ids[:, :, None], float("-inf"))
+        recovered = masked.topk(config.recovered_fanout, dim=-1).indices  # [B, s, recovered_fanout]
     outcomes, ys = [], []
-    if config.recovered_fanout and k:
-        masked = logits[:, :k].scatter(-1, served_draft_ids[:, :, None], float("-inf"))
-        top = masked.topk(config.recovered_fanout, dim=-1).indices  # [B, k, r]
-        outcomes.append(torch.arange(k).repeat_interleave(config.recovered_fanout).expand(num_seqs, -1))
-        ys.append(top.flatten(1))
-    outcomes.append(torch.full((num_seqs, config.bonus_fanout), k))
-    ys.append(logits[:, k].topk(config.bonus_fanout, dim=-1).indices)
-    return torch.cat(outcomes, dim=1), torch.cat(ys, dim=1)
+    for rank in range(max(config.bonus_fanout, config.recovered_fanout)):
+        if rank < config.bonus_fanout:
+            outcomes.append(torch.full((num_seqs, 1), s))
+            ys.append(bonus[:, rank : rank + 1])
+        if recovered is not None and rank < config.recovered_fanout:
+            outcomes.append(torch.arange(s).expand(num_seqs, -1))
+            ys.append(recovered[:, :, rank])
+    return torch.cat(outcomes, dim=1)[:, :per_sequence], torch.cat(ys, dim=1)[:, :per_sequence]
 
 
 class BranchAttention:

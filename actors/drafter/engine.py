@@ -33,7 +33,7 @@ from actors.drafter.kv_cache import DraftKVCache
 from actors.eagle.checkpoint import load_head
 from actors.eagle.heads import DraftHead
 from actors.eagle.layers import sdpa_attend
-from actors.messages import DraftResult, DraftStatus, DraftStep
+from actors.messages import DraftResult, DraftStatus, DraftStep, SeqRole
 
 
 @dataclass
@@ -113,6 +113,16 @@ class _Chain:
     draft_ids: list[torch.Tensor] = field(default_factory=list)  # the same in the head's draft vocabulary
 
 
+@dataclass
+class _Pending:
+    """What ``after_step`` has to do for the step just answered."""
+
+    k: int
+    chains: list[_Chain] = field(default_factory=list)  # sequences drafted on demand (their drafts were served)
+    fold: tuple[DraftStep, torch.Tensor, torch.Tensor] | None = None  # hits: (sub-step, hidden rows, [H, k] served)
+    context: tuple[DraftStep, torch.Tensor] | None = None  # CONTEXT sequences: (sub-step, hidden rows)
+
+
 class DrafterEngine:
     def __init__(
         self,
@@ -136,7 +146,7 @@ class DrafterEngine:
         self.chunks = {i: layer.self_attn.chunk_size for i, layer in enumerate(head.layers)}
         self.branch_config = branches
         self.branch_table: dict[str, BranchEntry] = {}
-        self._pending: tuple | None = None  # what after_step() has to do for the last step
+        self._pending: _Pending | None = None  # what after_step() has to do for the last step
 
     @classmethod
     def from_checkpoint(cls, head_dir: str | Path, target_dir: str | Path | None = None, **kw) -> DrafterEngine:
@@ -194,33 +204,55 @@ class DrafterEngine:
             if j + 1 < k:
                 self._chain_pass(chain, j)
 
-    def _branches(self, chain: _Chain, k: int) -> None:
-        """The extra pass k, then every branch of every sequence, k batched passes; fills ``branch_table``."""
-        self._chain_pass(chain, k - 1)
-        logits = torch.stack(chain.logits, dim=1)  # [B, k + 1, draft_vocab]
-        served = torch.stack(chain.draft_ids, dim=1)  # [B, k]
-        outcome, guess = guesses(logits, served, self.branch_config)  # [B, n] each
-        num_seqs, n = outcome.shape
-        seq = torch.arange(num_seqs).repeat_interleave(n)
-        a = outcome.flatten()
-        base = chain.last_pos[seq] + a  # [R] L + a
-        attend = BranchAttention(self.cache, chain.slots[seq], base, self.chunks)
-        first = self.head.to_target_ids(guess.flatten())  # [R] y
-        tok, hid = first, torch.stack(chain.feats, dim=1)[seq, a]  # f_a+1
+    def _branches(self, chains: list[_Chain], k: int) -> dict[str, BranchEntry]:
+        """For every sequence of ``chains`` (each having served s = len(chain.tokens) drafts): the extra pass s
+        (when s > 0), the guesses, then every branch of every sequence in k batched passes; fills and returns
+        the sequences' ``branch_table`` entries."""
+        num_seqs = sum(len(c.req_ids) for c in chains)
+        rows: list[tuple[_Chain, torch.Tensor, torch.Tensor, int]] = []  # (chain, outcome a, guess y, n)
+        for chain in chains:
+            s = len(chain.tokens)
+            n = self.branch_config.branches_per_sequence(s, num_seqs)
+            if n == 0:
+                for rid in chain.req_ids:
+                    self.branch_table.pop(rid, None)
+                continue
+            if s:
+                self._chain_pass(chain, s - 1)
+            logits = torch.stack(chain.logits[: s + 1], dim=1)  # [B, s + 1, draft_vocab]
+            served = torch.stack(chain.draft_ids, dim=1) if s else torch.zeros(len(chain.req_ids), 0, dtype=torch.long)
+            outcome, guess = guesses(logits, served, self.branch_config, n)  # [B, n] each
+            rows.append((chain, outcome, guess, outcome.shape[1]))
+        if not rows:
+            return {}
+        slots, base, first, feats = [], [], [], []
+        for chain, outcome, guess, n in rows:
+            seq = torch.arange(len(chain.req_ids)).repeat_interleave(n)
+            a = outcome.flatten()
+            slots.append(chain.slots[seq])
+            base.append(chain.last_pos[seq] + a)  # [R] L + a
+            first.append(self.head.to_target_ids(guess.flatten()))  # [R] y
+            feats.append(torch.stack(chain.feats, dim=1)[seq, a])  # [R, hidden] f_a+1
+        base_all = torch.cat(base)
+        attend = BranchAttention(self.cache, torch.cat(slots), base_all, self.chunks)
+        tok, hid = torch.cat(first), torch.cat(feats)
         drafts = []
         for i in range(k):
-            pos = (base + 1 + i).clamp(max=self.max_model_len - 1)
+            pos = (base_all + 1 + i).clamp(max=self.max_model_len - 1)
             out, hid = self.head(tok, hid, pos, attend)
             tok = self.head.greedy(out)
             drafts.append(tok)
-        table = torch.stack(drafts, dim=1).view(num_seqs, n, k).tolist()
-        keys = torch.stack([a.view(num_seqs, n), first.view(num_seqs, n)], dim=-1).tolist()
-        served_tokens = torch.stack(chain.tokens, dim=1).tolist()
-        last = chain.last_pos.tolist()
-        for b, rid in enumerate(chain.req_ids):
-            self.branch_table[rid] = BranchEntry(
-                last[b], served_tokens[b], {(ka, ky): d for (ka, ky), d in zip(keys[b], table[b], strict=True)}
-            )
+        table = torch.stack(drafts, dim=1).tolist()  # [R, k]
+        made: dict[str, BranchEntry] = {}
+        r = 0
+        for (chain, outcome, _, n), y in zip(rows, first, strict=True):
+            served_tokens = torch.stack(chain.tokens, dim=1).tolist() if chain.tokens else [[]] * len(chain.req_ids)
+            outcomes, ys, last = outcome.tolist(), y.view(-1, n).tolist(), chain.last_pos.tolist()
+            for b, rid in enumerate(chain.req_ids):
+                branches = {(a, yy): table[r + j] for j, (a, yy) in enumerate(zip(outcomes[b], ys[b], strict=True))}
+                made[rid] = self.branch_table[rid] = BranchEntry(last[b], served_tokens[b], branches)
+                r += n
+        return made
 
     @torch.inference_mode()
     def propose_tensors(
@@ -230,7 +262,8 @@ class DrafterEngine:
         precompute: bool = True,
     ) -> Proposal:
         """Drafts for every sequence of the step. With branches: sequences whose outcome was precomputed are
-        answered at once (hits), the rest drafted now, and ``after_step`` left to do the rest (``precompute``)."""
+        answered at once (hits), ``SeqRole.CONTEXT`` sequences get no drafts, the rest are drafted now, and
+        ``after_step`` is left to do the rest (``precompute``)."""
         if self._pending is not None:
             self.after_step()
         self.free(step.finished)
@@ -246,30 +279,36 @@ class DrafterEngine:
             return Proposal(drafts, cold)
 
         drafts = torch.zeros(num_seqs, k, dtype=torch.long)
-        hits, hit_drafts, lookups = [], [], 0
+        hits, hit_drafts, context, misses, lookups = [], [], [], [], 0
         for i, s in enumerate(step.seqs):
-            entry = self.branch_table.get(s.req_id)
-            if entry is None or entry.last_position + 1 != s.start_position:
+            if s.role is SeqRole.CONTEXT:
+                context.append(i)
                 continue
-            lookups += 1
-            found = entry.lookup(s.start_position, step.input_ids[s.start : s.start + s.num_tokens].tolist())
+            entry = self.branch_table.get(s.req_id)
+            found = None
+            if entry is not None and entry.last_position + 1 == s.start_position:
+                lookups += 1
+                found = entry.lookup(s.start_position, step.input_ids[s.start : s.start + s.num_tokens].tolist())
             if found is not None and len(found) == k:
                 hits.append(i)
                 hit_drafts.append(found)
-        hit_set = set(hits)
-        misses = [i for i in range(num_seqs) if i not in hit_set]
-        cold, miss_chain = 0, None
+            else:
+                misses.append(i)
+        cold, pending = 0, _Pending(k)
         if misses:
             sub, rows = step.select(misses)
             miss_chain, cold = self._context(sub, hidden[torch.from_numpy(rows)])
             self._draft(miss_chain, k)
             drafts[misses] = torch.stack(miss_chain.tokens, dim=1)
-        hit_step = None
+            pending.chains.append(miss_chain)
         if hits:
             drafts[hits] = torch.tensor(hit_drafts, dtype=torch.long)
             sub, rows = step.select(hits)
-            hit_step = (sub, hidden[torch.from_numpy(rows)].clone(), drafts[hits])
-        self._pending = (k, miss_chain, hit_step) if precompute else None
+            pending.fold = (sub, hidden[torch.from_numpy(rows)].clone(), drafts[hits])
+        if context:
+            sub, rows = step.select(context)
+            pending.context = (sub, hidden[torch.from_numpy(rows)].clone())
+        self._pending = pending if precompute else None
         return Proposal(drafts, cold, hits, lookups)
 
     @property
@@ -277,21 +316,23 @@ class DrafterEngine:
         return self._pending is not None
 
     @torch.inference_mode()
-    def after_step(self) -> None:
+    def after_step(self) -> dict[str, BranchEntry]:
         """Off the critical path: fold the real hidden states of sequences answered from a branch into the
-        cache (and replay their served drafts), then draft the next step's branches for every sequence."""
+        cache (and replay their served drafts), add the rows of ``CONTEXT`` sequences, then draft the next
+        step's branches for every sequence of the step. Returns those sequences' new branch entries."""
         if self._pending is None:
-            return
-        k, miss_chain, hit_step = self._pending
-        self._pending = None
-        chains = [miss_chain] if miss_chain is not None else []
-        if hit_step is not None:
-            sub, hidden, served = hit_step
+            return {}
+        p, self._pending = self._pending, None
+        chains = list(p.chains)
+        if p.fold is not None:
+            sub, hidden, served = p.fold
             chain, _ = self._context(sub, hidden)
-            self._draft(chain, k, forced=(served, self.head.to_draft_ids(served)))
+            self._draft(chain, p.k, forced=(served, self.head.to_draft_ids(served)))
             chains.append(chain)
-        for chain in chains:
-            self._branches(chain, k)
+        if p.context is not None:
+            chain, _ = self._context(*p.context)  # s = 0: nothing was served
+            chains.append(chain)
+        return self._branches(chains, p.k)
 
     def propose(self, step: DraftStep, hidden: np.ndarray, precompute: bool = True) -> DraftResult:
         start = time.perf_counter()

@@ -1,39 +1,80 @@
-"""How the verifier reaches a drafter: the ``DraftClient`` protocol and its plain-Ray implementation.
+"""How the verifier reaches its drafters: ``DraftClient``, pipelined over one or more drafter actors.
 
-The hidden states are put once into the Ray object store; the drafter actor receives the ``ObjectRef`` as a
-top-level argument, so Ray hands it the array straight from the store (zero-copy on the same node) instead of
-routing a copy through a third process. The metadata travels as msgpack bytes (``actors.messages``).
+Runs in vLLM's driver worker (``actors.verifier.proposer`` calls it once per step). Every drafter is a Ray actor
+(``actors.drafter.actor.DrafterActor``) called straight by its handle: one call per step and drafter, no proxy
+in between. A sequence lives on one drafter, its *home*, which holds its draft KV cache.
 
-``cluster/`` provides a client that routes over a pool of Ray Serve drafter replicas; a client is named by
-an import path in vLLM's ``additional_config`` so that this package never imports Serve.
+One step, for each home's share of the batch (``DraftStep.select``):
+
+1. the home's ``BranchTable`` for this step: the object ref the client kept from the home's last ``branches()``
+   call. Usually it is ready (the drafter drafted it while the verifier verified): reading it costs no call.
+   If the drafter is still drafting it, the client waits for it (``wait_ms``: time the verifier waited);
+2. each sequence's real outcome is looked up in it locally (``BranchEntry.lookup``); a *hit* has its drafts;
+3. the sub-step goes to the home (``propose``, the hidden rows as the call's argument: Ray inlines small arrays
+   and passes large ones through the object store), then ``branches()``; neither is waited for, unless some
+   sequence missed (``SeqRole.DRAFT`` without a hit): then the client waits for ``propose``'s drafts.
+
+So a step whose sequences all hit never blocks on a drafter: the drafter folds the real hidden states in and
+drafts the next branches while the verifier verifies. A drafter whose call fails or times out is dropped: its
+sequences get placeholder drafts for the step (vLLM rejects them; the output does not change) and move to
+another drafter at the next step (*re-homed*; their new drafter masks the context it never saw).
+
+Where drafters come from is the subclass's business (``_discover``): ``ActorDraftClient`` has one named actor;
+``cluster.draft_client.ServeDraftClient`` finds the drafter replicas of a Ray Serve deployment. A client is named
+by an import path in vLLM's ``additional_config`` (``build_client``), so this package never imports Serve.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections import Counter, defaultdict, deque
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import torch
 
-from actors.messages import DraftResult, DraftStep
+from actors.messages import BranchEntry, BranchTable, DraftResult, DraftStatus, DraftStep, SeqRole
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
 class ProposeTiming:
-    ship_ms: float  # tensor to numpy + ray.put
-    wait_ms: float  # from the call to the result, minus the drafter's own compute
-    compute_ms: float  # inside the drafter engine
+    ship_ms: float  # tensor to numpy, packing, sending the calls
+    wait_ms: float  # blocked on drafters: branch tables not yet ready, and answers to misses
+    compute_ms: float  # inside the drafter engines, for the answers waited for
+    all_hits: bool  # no answer was waited for: every drafted sequence was a hit (or a prompt step)
 
 
-class DraftClient(Protocol):
-    def propose(self, step: DraftStep, hidden: torch.Tensor) -> tuple[DraftResult, ProposeTiming]: ...
+@dataclass
+class DraftReply:
+    """A step's drafts, gathered from the homes, in the step's sequence order."""
 
-    def free(self, req_ids: list[str]) -> None:
-        """Drop finished sequences' draft state (when no further step would carry them in ``finished``)."""
+    status: DraftStatus
+    draft_token_ids: np.ndarray  # [B, k] int32
+    error: str = ""
+    branch_lookups: int = 0  # sequences that had a branch table entry for this step
+    hit_rows: list[int] = field(default_factory=list)  # sequences answered from their branch table
+    placeholder_rows: list[int] = field(default_factory=list)  # prompt steps not waited for (SeqRole.CONTEXT)
+
+
+@dataclass
+class DrafterLink:
+    """One drafter actor as this client sees it."""
+
+    drafter_id: str
+    actor: Any  # Ray actor handle of a DrafterActor
+    drafts_branches: bool  # asynchronous drafting on: it answers branches()
+    load: int = 0  # active sequences it last reported (all verifiers)
+    placed: int = 0  # sequences this client placed on it since that report
+    branches_ref: Any = None  # ObjectRef of the BranchTable being drafted for the next step
+    unchecked: Any = None  # ObjectRef of the last propose() nobody waited for
+
+    def report(self, active_sequences: int) -> None:
+        self.load, self.placed = active_sequences, 0
 
 
 def hidden_to_numpy(hidden: torch.Tensor) -> tuple[np.ndarray, str]:
@@ -44,42 +85,214 @@ def hidden_to_numpy(hidden: torch.Tensor) -> tuple[np.ndarray, str]:
     return hidden.float().contiguous().cpu().numpy(), "float32"
 
 
-def timed_propose(
-    step: DraftStep, hidden: torch.Tensor, call: Callable[[bytes, Any], bytes]
-) -> tuple[DraftResult, ProposeTiming]:
-    """Put the hidden states once, ``call(packed step, ObjectRef)`` a drafter, and time both halves."""
-    import ray
+def plan_groups(req_ids: list[str], home: dict[str, str]) -> list[tuple[str, list[int]]]:
+    """[(home, sequence indices)], one group per home, in order of first appearance; sequences without a home
+    are left out (they get placeholder drafts).
 
-    t0 = time.perf_counter()
-    array, step.hidden_dtype = hidden_to_numpy(hidden)
-    ref = ray.put(array)
-    t1 = time.perf_counter()
-    packed = call(step.pack(), ref)
-    t2 = time.perf_counter()
-    result = DraftResult.unpack(packed)
-    return result, ProposeTiming((t1 - t0) * 1e3, (t2 - t1) * 1e3 - result.compute_ms, result.compute_ms)
+    Worked example: req_ids [a, b, c, d], home {a: R1, c: R2, d: R1} -> [(R1, [0, 3]), (R2, [2])]."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, rid in enumerate(req_ids):
+        if rid in home:
+            groups[home[rid]].append(i)
+    return list(groups.items())
 
 
-class ActorDraftClient:
-    """Calls one named drafter actor (``actors.drafter.actor.DrafterActor``)."""
+class DraftClient:
+    """The pipelined client over a set of drafter links (see the module docstring). Subclasses find drafters."""
 
-    def __init__(self, actor: str | Any, namespace: str | None = None, timeout_s: float = 30.0) -> None:
-        import ray
-
-        self.actor = ray.get_actor(actor, namespace=namespace) if isinstance(actor, str) else actor
+    def __init__(self, timeout_s: float = 10.0, new_group_size: int = 4) -> None:
         self.timeout_s = timeout_s
+        self.new_group_size = new_group_size  # new sequences placed together on one drafter
+        self.links: dict[str, DrafterLink] = {}
+        self.home: dict[str, str] = {}  # req_id -> drafter id
+        self.lost: dict[str, str] = {}  # req_id -> the home it lost (its drafter failed), until re-homed
+        self.to_free: dict[str, list[str]] = defaultdict(list)  # drafter id -> finished req_ids not yet sent
+        self.rehomed = 0  # sequences that moved to another drafter (their home died or was drained)
+        self.events: deque[tuple[float, str, int]] = deque(maxlen=1000)  # (time.time(), "failed"|"rehomed", seqs)
 
-    def propose(self, step: DraftStep, hidden: torch.Tensor) -> tuple[DraftResult, ProposeTiming]:
+    # --- drafters ------------------------------------------------------------------------------------
+    def _discover(self, blocking: bool) -> None:
+        """Learn drafters (``self._add_link``); ``blocking``: the client knows none and needs one now."""
+        raise NotImplementedError
+
+    def _add_link(self, drafter_id: str, actor: Any, info: dict[str, Any]) -> None:
+        if drafter_id not in self.links:
+            self.links[drafter_id] = DrafterLink(drafter_id, actor, bool(info.get("drafts_branches")),
+                                                 int(info.get("active_sequences", 0)))
+
+    def _drop(self, link: DrafterLink, req_ids: list[str], error: str) -> None:
+        """A drafter failed: forget it; its sequences lose their home and are re-homed at their next step."""
+        self.links.pop(link.drafter_id, None)
+        self.to_free.pop(link.drafter_id, None)
+        lost = [rid for rid, h in self.home.items() if h == link.drafter_id]
+        for rid in lost:
+            self.lost[rid] = self.home.pop(rid)
+        self.events.append((time.time(), "failed", len(set(lost) | set(req_ids))))
+        logger.warning("drafter %s failed (%s); %d sequences will be re-homed", link.drafter_id, error, len(lost))
+
+    def _place(self, req_ids: list[str]) -> None:
+        """Give sequences without a home one: the least-loaded drafter, ``new_group_size`` at a time."""
+        if not req_ids:
+            return
+        self._discover(blocking=not self.links)
+        if not self.links:
+            return
+        for i in range(0, len(req_ids), self.new_group_size):
+            link = min(self.links.values(), key=lambda lk: lk.load + lk.placed)
+            group = req_ids[i : i + self.new_group_size]
+            link.placed += len(group)
+            moved = 0
+            for rid in group:
+                self.home[rid] = link.drafter_id
+                moved += self.lost.pop(rid, None) is not None
+            if moved:
+                self.rehomed += moved
+                self.events.append((time.time(), "rehomed", moved))
+
+    def _table(self, link: DrafterLink, deadline: float) -> dict[str, BranchEntry]:
+        """The branch table the drafter drafted for this step (waits if it is still drafting it)."""
         import ray
 
-        return timed_propose(
-            step, hidden, lambda packed, ref: ray.get(self.actor.propose.remote(packed, ref), timeout=self.timeout_s)
-        )
+        if link.unchecked is not None:  # the last step's answer, not waited for: it ran before branches()
+            ready, _ = ray.wait([link.unchecked], timeout=0)
+            if ready:
+                result = DraftResult.unpack(ray.get(link.unchecked))
+                link.unchecked = None
+                if result.status is not DraftStatus.OK:
+                    raise RuntimeError(result.error or "drafter failed")
+        if link.branches_ref is None:
+            return {}
+        ref, link.branches_ref = link.branches_ref, None
+        table = BranchTable.unpack(ray.get(ref, timeout=max(0.0, deadline - time.perf_counter())))
+        link.report(table.active_sequences)
+        return table.entries
+
+    # --- one step ------------------------------------------------------------------------------------
+    def _finish(self, req_ids: list[str]) -> None:
+        for rid in req_ids:
+            self.lost.pop(rid, None)
+            h = self.home.pop(rid, None)
+            if h is not None:
+                self.to_free[h].append(rid)
+
+    def _send_frees(self) -> None:
+        for drafter_id, ids in self.to_free.items():
+            link = self.links.get(drafter_id)
+            if link is not None and ids:
+                link.actor.free.remote(ids)  # in order with this client's steps; nothing to wait for
+        self.to_free.clear()
 
     def free(self, req_ids: list[str]) -> None:
+        """Free finished sequences on their homes now (the engine is idle: no step will carry them)."""
+        self._finish(req_ids)
+        self._send_frees()
+
+    def propose(self, step: DraftStep, hidden: torch.Tensor) -> tuple[DraftReply, ProposeTiming]:
+        """``hidden``: ``[N, fused_hidden_size]``, the step's rows."""
         import ray
 
-        ray.get(self.actor.free.remote(req_ids), timeout=self.timeout_s)
+        start = time.perf_counter()
+        deadline = start + self.timeout_s
+        self._finish(step.finished)
+        req_ids = [s.req_id for s in step.seqs]
+        self._discover(blocking=False)
+        self._place([rid for rid in req_ids if rid not in self.home])
+        array, dtype = hidden_to_numpy(hidden)
+        k = step.num_speculative_tokens
+        drafts = np.zeros((len(req_ids), k), np.int32)
+        wait_ms = ship_ms = compute_ms = 0.0
+        errors: list[str] = []
+        lookups, hit_rows, placeholder_rows = 0, [], []
+        waiting: list[tuple[DrafterLink, list[int], Any]] = []
+        groups = plan_groups(req_ids, self.home)
+        for drafter_id, idx in groups:
+            link = self.links[drafter_id]
+            t = time.perf_counter()
+            try:
+                table = self._table(link, deadline)
+            except Exception as e:
+                errors.append(f"{len(idx)} sequences: {type(e).__name__}: {str(e)[:200]}")
+                self._drop(link, [req_ids[i] for i in idx], str(e)[:200])
+                continue
+            finally:
+                wait_ms += (time.perf_counter() - t) * 1e3
+            t = time.perf_counter()
+            sub, rows = step.select(idx)
+            sub.finished, sub.hidden_dtype = self.to_free.pop(drafter_id, []), dtype
+            if not link.drafts_branches:  # no branches to draft from the context: it drafts, and we wait
+                sub.seqs = [replace(s, role=SeqRole.DRAFT) for s in sub.seqs]
+            missed = False
+            for i, s in zip(idx, sub.seqs, strict=True):
+                if s.role is SeqRole.CONTEXT:
+                    placeholder_rows.append(i)
+                    continue
+                entry = table.get(s.req_id)
+                found = None
+                if entry is not None and entry.last_position + 1 == s.start_position:
+                    lookups += 1
+                    found = entry.lookup(s.start_position, sub.input_ids[s.start : s.start + s.num_tokens].tolist())
+                if found is not None and len(found) == k:
+                    drafts[i] = found
+                    hit_rows.append(i)
+                else:
+                    missed = True
+            ref = link.actor.propose.remote(sub.pack(), array[rows])
+            link.branches_ref = link.actor.branches.remote() if link.drafts_branches else None
+            if missed:
+                waiting.append((link, idx, ref))
+            else:
+                link.unchecked = ref
+            ship_ms += (time.perf_counter() - t) * 1e3
+        self._send_frees()  # homes with finished sequences but nothing to draft this step
+        for link, idx, ref in waiting:
+            t = time.perf_counter()
+            try:
+                r = DraftResult.unpack(ray.get(ref, timeout=max(0.0, deadline - time.perf_counter())))
+                if r.status is not DraftStatus.OK:
+                    raise RuntimeError(r.error or "drafter failed")
+            except Exception as e:  # placeholders for these sequences; re-homed next step
+                errors.append(f"{len(idx)} sequences: {type(e).__name__}: {str(e)[:200]}")
+                self._drop(link, [req_ids[i] for i in idx], str(e)[:200])
+                link.branches_ref = None
+                continue
+            finally:
+                wait_ms += (time.perf_counter() - t) * 1e3
+            drafts[idx] = r.draft_token_ids
+            link.report(r.active_sequences)
+            compute_ms = max(compute_ms, r.compute_ms)
+        status = DraftStatus.OK
+        if errors or len(groups) == 0 and req_ids:
+            status = DraftStatus.PARTIAL if errors and len(errors) < len(groups) else DraftStatus.FAILED
+        reply = DraftReply(status, drafts, "; ".join(errors) or ("no drafter" if not groups else ""), lookups,
+                           sorted(hit_rows), placeholder_rows)
+        return reply, ProposeTiming(ship_ms, max(0.0, wait_ms - compute_ms), compute_ms, not waiting)
+
+    def stats(self) -> dict[str, Any]:
+        return {"rehomed": self.rehomed, "homes": dict(Counter(self.home.values())), "events": list(self.events),
+                "drafters": len(self.links)}
+
+
+class ActorDraftClient(DraftClient):
+    """One named drafter actor (``actors.drafter.actor.start_drafter_actor``)."""
+
+    def __init__(self, actor: str | Any, namespace: str | None = None, timeout_s: float = 30.0, **kw: Any) -> None:
+        super().__init__(timeout_s=timeout_s, **kw)
+        self.actor_name, self.namespace = actor, namespace
+
+    def _discover(self, blocking: bool) -> None:
+        if self.links or not blocking:
+            return
+        import ray
+
+        actor = self.actor_name
+        try:
+            if isinstance(actor, str):
+                actor = ray.get_actor(actor, namespace=self.namespace)
+            info = ray.get(actor.info.remote(), timeout=self.timeout_s)
+        except Exception as e:  # dead: the steps draft nothing
+            logger.info("drafter actor unavailable (%s)", e)
+            return
+        self._add_link(info.get("drafter_id") or str(self.actor_name), actor, info)
 
 
 def build_client(spec: dict[str, Any]) -> DraftClient:

@@ -22,19 +22,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from vllm.v1.spec_decode.eagle import EagleProposer
 
-from actors.messages import DraftStatus, DraftStep, SeqSlice
+from actors.messages import DraftStatus, DraftStep, SeqRole, SeqSlice
 from actors.metrics import SpecDecodeStats
 from actors.verifier.client import DraftClient
 
 logger = logging.getLogger(__name__)
 MAX_PER_REQUEST = 4096
+MAX_TIMINGS = 65536  # per-step timings kept (the latest)
 
 
 @dataclass
@@ -43,8 +44,9 @@ class StepTiming:
     num_tokens: int
     propose_ms: float  # whole propose() call, as seen by the runner
     ship_ms: float
-    wait_ms: float
+    wait_ms: float  # blocked on drafters (beyond their compute, when an answer was awaited)
     compute_ms: float
+    all_hits: bool  # no drafter answer was awaited (every sequence a branch hit, or a prompt step)
 
 
 @dataclass
@@ -53,7 +55,7 @@ class ProposerState:
 
     steps: int = 0
     failures: int = 0
-    timings: list[StepTiming] = field(default_factory=list)
+    timings: deque[StepTiming] = field(default_factory=lambda: deque(maxlen=MAX_TIMINGS))
     per_request: OrderedDict[str, SpecDecodeStats] = field(default_factory=OrderedDict)  # the latest requests
     pending: dict[str, tuple[int, int, str]] = field(default_factory=dict)  # req -> (drafts, last position, source)
     # Asynchronous drafting: sequences that had precomputed drafts, the hits among them, per-request hits, and
@@ -151,10 +153,15 @@ class RemoteEagleProposer(EagleProposer):
         finished = sorted(self._live - set(req_ids))
         self._live = set(req_ids)
         prompt_lens = getattr(self.runner.input_batch, "num_prompt_tokens", None)
-        in_prefill = [
-            prompt_lens is not None and s.start_position + s.num_tokens < int(prompt_lens[i])
-            for i, s in enumerate(seqs)
-        ]
+        if prompt_lens is not None:
+            # A step whose rows end in the prompt: a partial prefill (vLLM discards its drafts), or the prompt's
+            # last chunk. A pipelined drafter does not make the verifier wait for those (``SeqRole.CONTEXT``).
+            ends = [s.start_position + s.num_tokens for s in seqs]
+            in_prefill = [end < int(prompt_lens[i]) for i, end in enumerate(ends)]
+            seqs = [SeqSlice(s.req_id, s.start, s.num_tokens, s.start_position, SeqRole.CONTEXT)
+                    if end <= int(prompt_lens[i]) else s for i, (s, end) in enumerate(zip(seqs, ends, strict=True))]
+        else:
+            in_prefill = [False] * len(seqs)
         self._account(seqs, finished, k, in_prefill)
         step = DraftStep(self.state.steps, k, seqs, input_ids, finished)
         self.state.steps += 1
@@ -167,6 +174,7 @@ class RemoteEagleProposer(EagleProposer):
                 logger.warning("drafter failed for part of step %d (%s)", step.step_id, result.error)
             drafts = torch.from_numpy(np.array(result.draft_token_ids, dtype=np.int64)).to(placeholder.device)
             self._record_hits(seqs, result.branch_lookups, result.hit_rows)
+            self._set_source(seqs, result.placeholder_rows, "placeholder")
         except Exception as e:  # a drafter that errors or dies never fails a request
             self.state.failures += 1
             logger.warning("drafter failed at step %d (%s); this step proposes no usable drafts", step.step_id, e)
@@ -175,7 +183,7 @@ class RemoteEagleProposer(EagleProposer):
             return placeholder
         self.state.timings.append(
             StepTiming(batch_size, int(rows.numel()), (time.perf_counter() - start) * 1e3, timing.ship_ms,
-                       timing.wait_ms, timing.compute_ms)
+                       timing.wait_ms, timing.compute_ms, timing.all_hits)
         )
         return drafts
 
@@ -186,8 +194,14 @@ class RemoteEagleProposer(EagleProposer):
         for i in hit_rows:
             rid = seqs[i].req_id
             st.per_request_hits[rid] = st.per_request_hits.get(rid, 0) + 1
-            if rid in st.pending:
-                st.pending[rid] = (*st.pending[rid][:2], "branch")
+        self._set_source(seqs, hit_rows, "branch")
+
+    def _set_source(self, seqs: list[SeqSlice], rows: list[int], source: str) -> None:
+        """Where the drafts of these sequences came from (acceptance is counted by source)."""
+        for i in rows:
+            sent = self.state.pending.get(seqs[i].req_id)
+            if sent is not None:
+                self.state.pending[seqs[i].req_id] = (*sent[:2], source)
 
     def free_now(self, req_ids: list[str]) -> None:
         """Free finished sequences' draft state at once (the engine is going idle: no step will carry them)."""

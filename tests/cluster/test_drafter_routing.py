@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from actors.messages import DraftResult, DraftStatus, DraftStep, SeqSlice
-from cluster.draft_client import plan_groups
+from actors.verifier.client import plan_groups
 from cluster.drafter_autoscaling import DrafterLoadPolicy, wanted_replicas
 from cluster.drafter_router import SequenceAffinityRouter, route_key
 
@@ -36,8 +36,8 @@ def test_result_carries_drafter_fields():
 
 def test_plan_groups_worked_example():
     home = {"a": "R1", "c": "R2", "d": "R1"}
-    assert plan_groups(list("abcde"), home, 1) == [("R1", [0, 3]), ("R2", [2]), (None, [1]), (None, [4])]
-    assert plan_groups(list("abcde"), {}, 4) == [(None, [0, 1, 2, 3]), (None, [4])]
+    assert plan_groups(list("abcd"), home) == [("R1", [0, 3]), ("R2", [2])]
+    assert plan_groups(list("abcde"), {}) == []
 
 
 def replica(uid: str, active: int, reported_at: float = 1.0):
