@@ -6,9 +6,11 @@ Serve). Serve places, health-checks and autoscales the drafter replicas; each re
 (``actors.verifier.client.DraftClient``: no Serve call on a step's path).
 
 Serve's part is to introduce drafters: ``attach`` on the deployment, routed by ``cluster.drafter_router`` to the
-least-loaded replica, answers that replica's id and its drafter's actor handle. The client asks once, blocking,
-when it knows no drafter, and then every ``discover_period_s`` in the background, so that replicas the pool
-grows are found within about that long; new sequences go to the least-loaded drafter it knows.
+least-loaded replica, answers that replica's id and its drafter's actor handle. The client asks, blocking, when
+it knows no drafter (until the router names one it knows: the router counts what it sent, so it goes round the
+idle replicas), then every ``discover_period_s`` in the background (at once again after learning a new one),
+so replicas the pool grows are found within about that long; new sequences go to the least-loaded drafter it
+knows.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from actors.verifier.client import DraftClient
 from cluster.drafter_router import route_key
 
 logger = logging.getLogger(__name__)
+MAX_BLOCKING_ATTACHES = 8  # attach calls when the client knows no drafter (it learns the pool, up to this many)
 
 
 class ServeDraftClient(DraftClient):
@@ -40,19 +43,29 @@ class ServeDraftClient(DraftClient):
         """(replica id, drafter actor handle, info) of the least-loaded drafter replica."""
         return self.handle.options(session_id=route_key(None, 1)).attach.remote().result(timeout_s=self.timeout_s)
 
+    def _learn(self, drafter_id: str, actor: Any, info: dict[str, Any]) -> bool:
+        """Add a drafter; True if it was new (then there may be more: ask again at once)."""
+        new = drafter_id not in self.links
+        self._add_link(drafter_id, actor, info)
+        return new
+
     def _discover(self, blocking: bool) -> None:
+        now = time.monotonic()
         if self._attaching is not None and self._attaching.done():
             done, self._attaching = self._attaching, None
             try:
-                self._add_link(*done.result())
+                if self._learn(*done.result()):
+                    self._next_discovery = now
             except Exception as e:
                 logger.info("finding a drafter replica failed (%s)", e)
-        now = time.monotonic()
-        if blocking:
-            try:
-                self._add_link(*self._attach())
-            except Exception as e:  # no drafter now: this step drafts nothing
-                logger.warning("no drafter replica answered (%s)", e)
+        if blocking:  # the router answers the least-loaded replica: ask until it names one we know
+            for _ in range(MAX_BLOCKING_ATTACHES):
+                try:
+                    if not self._learn(*self._attach()):
+                        break
+                except Exception as e:  # no drafter now: this step drafts nothing
+                    logger.warning("no drafter replica answered (%s)", e)
+                    break
             self._next_discovery = now + self.discover_period_s
         elif self._attaching is None and now >= self._next_discovery:
             self._next_discovery = now + self.discover_period_s

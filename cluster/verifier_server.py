@@ -147,6 +147,15 @@ class VerifierServer:
                 "per_request_branch_hits", "acceptance_by_source")
         return {"replica": replica, **{k: driver[k] for k in keys}}
 
+    async def step_timings(self, reset: bool = False) -> list[dict[str, Any]]:
+        """The proposer's per-step timings since the last reset (``actors.verifier.proposer.StepTiming``), for
+        benchmarks: how long each step's propose took and waited on drafters, and whether it was all hits."""
+        rpc = await self.engine.collective_rpc("eagle_cluster_stats")
+        timings = next(r for r in rpc if r["is_driver"])["timings"]
+        if reset:
+            await self.engine.collective_rpc("eagle_cluster_reset_stats")
+        return timings
+
     async def check_health(self) -> None:
         await self.engine.check_health()
         if self.engine.errored:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections import deque
 from typing import Any
 
 from vllm.platforms import current_platform
@@ -28,7 +29,7 @@ else:  # pragma: no cover - GPU
 from actors import vllm_fixes
 from actors.verifier.client import build_client
 from actors.verifier.owner_watch import watch_owner
-from actors.verifier.proposer import ProposerState, RemoteEagleProposer
+from actors.verifier.proposer import MAX_TIMINGS, ProposerState, RemoteEagleProposer
 
 CONFIG_KEY = "eagle_cluster"
 
@@ -51,8 +52,10 @@ class RemoteDraftWorker(_PlatformWorker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         vllm_fixes.apply()
-        self._forward_ms: list[float] = []  # execute_model: the target forward
-        self._sample_ms: list[float] = []  # sample_tokens: rejection sampling + propose
+        self._forward_ms: deque[float] = deque(maxlen=MAX_TIMINGS)  # execute_model: the target forward
+        self._sample_ms: deque[float] = deque(maxlen=MAX_TIMINGS)  # sample_tokens: rejection sampling + propose
+        # vLLM's own drafter (colocated baselines): (batch size, rows, ms) of each propose call
+        self._local_propose: deque[tuple[int, int, float]] = deque(maxlen=MAX_TIMINGS)
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -81,7 +84,10 @@ class RemoteDraftWorker(_PlatformWorker):
         if cfg.get("owner_pid"):
             watch_owner(int(cfg["owner_pid"]))
         if not cfg.get("remote_drafter", True):
-            return  # timing only: vLLM's own drafter (colocated) or none (target-only), for benchmarks
+            # timing only: vLLM's own drafter (colocated) or none (target-only), for benchmarks
+            if getattr(runner, "drafter", None) is not None:
+                runner.drafter.propose = self._timed_local_propose(runner.drafter.propose)
+            return
         if self.vllm_config.speculative_config is None or not hasattr(runner, "drafter"):
             if getattr(runner, "speculator", None) is not None:
                 raise RuntimeError(
@@ -96,6 +102,16 @@ class RemoteDraftWorker(_PlatformWorker):
             _ensure_ray(cfg.get("ray_address"), spec.get("namespace"))
             client = build_client(spec)
         runner.drafter = RemoteEagleProposer(self.vllm_config, self.device, runner, client, is_driver)
+
+    def _timed_local_propose(self, propose):
+        def timed(**kwargs):  # the runner passes everything by keyword
+            start = time.perf_counter()
+            out = propose(**kwargs)
+            self._local_propose.append((int(out.shape[0]), int(kwargs["target_token_ids"].shape[0]),
+                                        (time.perf_counter() - start) * 1e3))
+            return out
+
+        return timed
 
     def eagle_cluster_stats(self) -> dict[str, Any]:
         drafter = getattr(self.model_runner, "drafter", None)
@@ -114,6 +130,7 @@ class RemoteDraftWorker(_PlatformWorker):
             "client": drafter.client.stats() if hasattr(getattr(drafter, "client", None), "stats") else {},
             "forward_ms": list(self._forward_ms),  # execute_model: the target forward
             "sample_ms": list(self._sample_ms),  # sample_tokens: rejection sampling + propose
+            "local_propose": list(self._local_propose),  # vLLM's own drafter: (batch, rows, ms) per call
         }
 
     def eagle_cluster_reset_stats(self) -> None:
@@ -126,3 +143,4 @@ class RemoteDraftWorker(_PlatformWorker):
             drafter.state.branch_lookups = drafter.state.branch_hits = 0
         self._forward_ms.clear()
         self._sample_ms.clear()
+        self._local_propose.clear()

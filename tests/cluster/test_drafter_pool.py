@@ -127,11 +127,11 @@ def test_drafter_killed_under_32_streams(server, reference):
     killed replica's sequences speculate again on the other replica within 2 s."""
     drafters = replica_actors("Drafter")
     assert len(drafters) == 2
-    victim = max(drafters, key=lambda a: drafter_stats(a["replica_id"])["active_sequences"])
     marks: dict[str, object] = {"start": _spec()}
 
     def kill_after(elapsed: float) -> None:
         if "kill" not in marks and elapsed > 3:
+            victim = max(drafters, key=lambda a: drafter_stats(a["replica_id"])["active_sequences"])
             marks["before"] = _spec()
             marks["kill"] = time.time()
             os.kill(victim["pid"], signal.SIGKILL)
