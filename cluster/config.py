@@ -19,7 +19,7 @@ import logging
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator, model_validator
 
 from actors.eagle.compat import check_head_fits_target, target_text_config
 from actors.eagle.spec import HeadConfigError, load_head_spec
@@ -146,7 +146,7 @@ class DrafterConfig(_Strict):
     autoscaling_config: AutoscalingConfig | None = None
     max_model_len: int | None = Field(None, ge=16)
     num_threads: int = Field(1, ge=1, description="torch threads per drafter replica")
-    cpu_affinity: list[int] | None = Field(
+    cpu_affinity: list[NonNegativeInt] | None = Field(
         None, min_length=1, description="bind each drafter's process to these cores (a drafter with cores of its own)")
     timeout_s: float = Field(10.0, gt=0, description="a draft call slower than this drafts nothing")
     max_ongoing_requests: int = Field(32, ge=1, description="concurrent draft calls per replica (all verifiers)")

@@ -134,7 +134,7 @@ class DrafterEngine:
     ) -> None:
         """``branches``: asynchronous drafting (``actors.drafter.branches``); ``after_step`` then does the
         off-critical-path work of each step, and must run before the next ``propose``."""
-        self.head = head.to(device).eval()
+        self.head = head.to(device).eval().fuse()
         self.device = device
         spec = head.spec
         self.spec = spec

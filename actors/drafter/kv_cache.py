@@ -107,6 +107,12 @@ class DraftKVCache:
         self,
         layer: int,
         slots: torch.Tensor,  # [B]
-        positions: torch.Tensor,  # [B, width]
+        positions: torch.Tensor,  # [B, width]: each row consecutive positions
     ) -> tuple[torch.Tensor, torch.Tensor]:  # each [B, width, num_kv_heads, head_dim]
+        lo, width = int(positions[0, 0]), positions.shape[1]
+        if int(positions[-1, -1]) == lo + width - 1 and bool((positions[:, 0] == lo).all()):
+            # Every row reads the same positions (a global layer, or one attention chunk): one block copy per
+            # slot, ~3x faster than the gather below.
+            return (self.k[layer][:, lo : lo + width].index_select(0, slots),
+                    self.v[layer][:, lo : lo + width].index_select(0, slots))
         return self.k[layer][slots[:, None], positions], self.v[layer][slots[:, None], positions]

@@ -86,6 +86,13 @@ class DraftHead(nn.Module):
             # target id = draft id + d2t[draft id]
             self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
 
+    def fuse(self) -> DraftHead:
+        """For inference (the drafter engine): q/k/v and gate/up projections as one matmul each."""
+        for layer in self.layers:
+            layer.self_attn.fuse()
+            (layer.feed_forward if hasattr(layer, "feed_forward") else layer.mlp).fuse()
+        return self
+
     @property
     def method(self) -> DraftMethod:
         return self.spec.method

@@ -34,11 +34,8 @@ class RMSNorm(nn.Module):
 
 
 def rms_norm(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> torch.Tensor:
-    xf = x.float()
-    out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    if weight is not None:
-        out = out * weight.float()
-    return out.to(x.dtype)
+    """In float32, one fused op (``F.rms_norm``)."""
+    return F.rms_norm(x.float(), (x.shape[-1],), None if weight is None else weight.float(), eps).to(x.dtype)
 
 
 def inv_freq(rope: RopeSpec, head_dim: int) -> torch.Tensor:
@@ -61,10 +58,16 @@ def inv_freq(rope: RopeSpec, head_dim: int) -> torch.Tensor:
     return freqs.float()
 
 
-def apply_neox_rotary(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """x: [..., heads, head_dim] in neox order (first half, second half); positions: [...]."""
+def rotary_cos_sin(positions: torch.Tensor, freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin), each [..., 1, head_dim // 2], for positions [...]: computed once, applied to q and k."""
     angles = positions.float()[..., None] * freqs  # [..., head_dim // 2]
-    cos, sin = angles.cos()[..., None, :], angles.sin()[..., None, :]
+    return angles.cos()[..., None, :], angles.sin()[..., None, :]
+
+
+def apply_neox_rotary(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor,
+                      cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """x: [..., heads, head_dim] in neox order (first half, second half); positions: [...]."""
+    cos, sin = cos_sin if cos_sin is not None else rotary_cos_sin(positions, freqs)
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
@@ -101,6 +104,14 @@ class DraftAttention(nn.Module):
         self.use_qk_norm = spec.use_qk_norm and self.use_rope
         self.temperature_tuning = spec.attn_temperature_tuning and not self.use_rope
         self.register_buffer("freqs", inv_freq(spec.rope, d), persistent=False)
+        self.fused_qkv: torch.Tensor | None = None  # [(heads + 2 * kv_heads) * head_dim, input_size], see fuse()
+
+    def fuse(self) -> None:
+        """For inference: one matmul for q, k and v (the weights stay as they are, for saving and training)."""
+        self.fused_qkv = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach()
+        self.fused_qkv_bias = None
+        if self.q_proj.bias is not None:
+            self.fused_qkv_bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]).detach()
 
     @property
     def chunk_size(self) -> int | None:
@@ -113,12 +124,18 @@ class DraftAttention(nn.Module):
         positions: torch.Tensor,  # [...]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         d = self.spec.head_dim
-        q = self.q_proj(x).unflatten(-1, (-1, d))  # [..., num_heads, head_dim]
-        k = self.k_proj(x).unflatten(-1, (-1, d))  # [..., num_kv_heads, head_dim]
-        v = self.v_proj(x).unflatten(-1, (-1, d))
+        if self.fused_qkv is not None:
+            h, kv = self.spec.num_heads * d, self.spec.num_kv_heads * d
+            q, k, v = F.linear(x, self.fused_qkv, self.fused_qkv_bias).split([h, kv, kv], dim=-1)
+            q, k, v = q.unflatten(-1, (-1, d)), k.unflatten(-1, (-1, d)), v.unflatten(-1, (-1, d))
+        else:
+            q = self.q_proj(x).unflatten(-1, (-1, d))  # [..., num_heads, head_dim]
+            k = self.k_proj(x).unflatten(-1, (-1, d))  # [..., num_kv_heads, head_dim]
+            v = self.v_proj(x).unflatten(-1, (-1, d))
         if self.use_rope:
-            q = apply_neox_rotary(q, positions, self.freqs)
-            k = apply_neox_rotary(k, positions, self.freqs)
+            cos_sin = rotary_cos_sin(positions, self.freqs)
+            q = apply_neox_rotary(q, positions, self.freqs, cos_sin)
+            k = apply_neox_rotary(k, positions, self.freqs, cos_sin)
         if self.use_qk_norm:
             q = rms_norm(q, self.spec.rms_norm_eps)
             k = rms_norm(k, self.spec.rms_norm_eps)
@@ -137,8 +154,16 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.fused_gate_up: torch.Tensor | None = None  # [2 * intermediate, hidden], see fuse()
+
+    def fuse(self) -> None:
+        """For inference: one matmul for gate and up."""
+        self.fused_gate_up = torch.cat([self.gate_proj.weight, self.up_proj.weight]).detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_gate_up is not None:
+            gate, up = F.linear(x, self.fused_gate_up).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

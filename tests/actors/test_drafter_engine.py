@@ -193,3 +193,56 @@ def test_branches_match_recompute_and_answer_hits(toy_heads, name):
     step, h = make_step(2, k, [("s", n + 2, torch.tensor([299]), torch.randn(1, width, generator=g))])
     miss = engine.propose_tensors(step, h)
     assert (miss.hit_rows, miss.branch_lookups) == ([], 1) and miss.drafts.shape == (1, k)
+
+
+def test_guesses_worked_example():
+    """``guesses``' docstring: s = 1, fanouts 2 / 1, logits_0 top [T_1, u], logits_1 top [v, w]."""
+    from actors.drafter.branches import BranchConfig, guesses
+
+    t1, u, v, w = 5, 7, 2, 9
+    logits = torch.zeros(1, 2, 10)
+    logits[0, 0, [t1, u]] = torch.tensor([3.0, 2.0])
+    logits[0, 1, [v, w]] = torch.tensor([3.0, 2.0])
+    cfg = BranchConfig(bonus_fanout=2, recovered_fanout=1)
+    a, y = guesses(logits, torch.tensor([[t1]]), cfg, per_sequence=3)
+    assert (a.tolist(), y.tolist()) == ([[1, 0, 1]], [[v, u, w]])
+    a, y = guesses(logits, torch.tensor([[t1]]), cfg, per_sequence=2)
+    assert (a.tolist(), y.tolist()) == ([[1, 0]], [[v, u]])
+
+
+def test_fanout_shrinks_as_the_batch_grows():
+    from actors.drafter.branches import BranchConfig
+
+    cfg = BranchConfig(bonus_fanout=2, recovered_fanout=1, max_branch_rows=8)
+    assert [cfg.branches_per_sequence(3, b) for b in (1, 2, 4, 8, 9)] == [5, 4, 2, 1, 0]
+    assert cfg.branches_per_sequence(0, 1) == 2  # a prompt step: bonus guesses only
+    assert BranchConfig(max_branch_rows=None).branches_per_sequence(3, 1000) == 5
+
+
+@pytest.mark.parametrize("name", ["eagle1", "eagle3"])
+def test_context_step_caches_rows_and_drafts_outcome_zero(toy_heads, name):
+    """A prompt step the verifier did not wait for (``SeqRole.CONTEXT``): no drafts, and its branches are the
+    drafts a recompute gives after the prompt and the guessed next token; the next step hits one."""
+    from actors.drafter.branches import BranchConfig
+    from actors.messages import SeqRole
+
+    target_dir, heads = toy_heads
+    head = load_head(heads[name], target_dir)
+    k = 3
+    engine = DrafterEngine(head, max_model_len=128, branches=BranchConfig(bonus_fanout=3, recovered_fanout=1))
+    g = torch.Generator().manual_seed(3)
+    n = 13
+    ids, hidden = torch.randint(0, 300, (n,), generator=g), torch.randn(n, head.spec.fused_hidden_size, generator=g)
+    step, h = make_step(0, k, [("p", 0, ids, hidden)])
+    step.seqs = [SeqSlice("p", 0, n, 0, SeqRole.CONTEXT)]
+    first = engine.propose_tensors(step, h)
+    assert not first.drafts.any() and first.hit_rows == []
+    entry = engine.after_step()["p"]
+    assert entry.last_position == n - 1 and entry.served == [] and len(entry.drafts) == 3
+    for (a, y), drafts in entry.drafts.items():
+        assert a == 0
+        assert continue_greedy(head, list(ids.tolist()), list(head.combine(hidden)), k, first=y) == drafts
+    (_, y), expected = next(iter(entry.drafts.items()))
+    step, h = make_step(1, k, [("p", n, torch.tensor([y]), torch.randn(1, head.spec.fused_hidden_size))])
+    hit = engine.propose_tensors(step, h)
+    assert hit.hit_rows == [0] and hit.drafts[0].tolist() == expected

@@ -105,10 +105,23 @@ def test_async_drafting_config():
     assert EagleClusterConfig.model_validate(args).drafter.async_drafting.for_drafter() is None  # off by default
     args["drafter"] = {"async_drafting": {"enabled": True}}
     assert EagleClusterConfig.model_validate(args).drafter.async_drafting.for_drafter() == {
-        "bonus_fanout": 2, "recovered_fanout": 1}
+        "bonus_fanout": 2, "recovered_fanout": 1, "max_branch_rows": 32}
     args["drafter"] = {"async_drafting": {"enabled": True, "bonus_fanout": 0}}
     with pytest.raises(ValidationError, match="bonus_fanout"):
         EagleClusterConfig.model_validate(args)
+    args["drafter"] = {"async_drafting": {"enabled": True, "max_branch_rows": -1}}
+    with pytest.raises(ValidationError, match="max_branch_rows"):
+        EagleClusterConfig.model_validate(args)
+
+
+def test_drafter_cpu_affinity_is_checked():
+    args = copy.deepcopy(CPU)
+    args["drafter"] = {"cpu_affinity": [1]}
+    assert EagleClusterConfig.model_validate(args).drafter.cpu_affinity == [1]
+    for bad in ([], [-1]):
+        args["drafter"] = {"cpu_affinity": bad}
+        with pytest.raises(ValidationError, match="cpu_affinity"):
+            EagleClusterConfig.model_validate(args)
 
 
 def test_autoscaling_config_is_checked():
