@@ -21,10 +21,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import statistics
 import subprocess
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -35,6 +37,7 @@ MODES = ["target-only", "colocated-eagle", "colocated-eagle3", "cluster-eagle", 
          "cluster-eagle3-sync"]
 DEFAULT_MODES = MODES[:5]
 PIN_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1"}
+ASYNC_SETTINGS: dict = {}  # drafter.async_drafting overrides (--async-drafting)
 
 
 def server(mode: str, pinned: bool, tmp: Path) -> tuple[list[str], str, dict[str, str]]:
@@ -44,24 +47,29 @@ def server(mode: str, pinned: bool, tmp: Path) -> tuple[list[str], str, dict[str
         cmd, base = vllm_server(None if kind == "target" else rest)
         return cmd, base, env
     method, _, variant = rest.partition("-")
-    drafter: dict = {"async_drafting": {"enabled": variant != "sync"}}
+    drafter: dict = {"async_drafting": {**ASYNC_SETTINGS, "enabled": variant != "sync"}}
     if pinned:
         drafter["cpu_affinity"] = [1]
     cmd, base = cluster_server(method, tmp, drafter, name=f"-{variant}-{pinned}")
     return cmd, base, env
 
 
-def step_timings(reset: bool) -> list[dict]:
+def step_timings(reset: bool) -> dict[str, list]:
     from ray import serve
 
     handle = serve.get_deployment_handle("Verifier", app_name="eagle-cluster")
     return handle.step_timings.remote(reset=reset).result(timeout_s=60)
 
 
-def pipeline_figures(timings: list[dict]) -> dict[str, float]:
-    """Share of decode steps answered with no drafter answer awaited, and what propose waited on those."""
+def pipeline_figures(steps: dict[str, list]) -> dict[str, float]:
+    """Share of steps answered with no drafter answer awaited, what propose waited on those, and the median
+    split of a step on the verifier (target forward; rejection sampling + propose)."""
+    timings = steps["timings"]
     hits = [t for t in timings if t["all_hits"]]
     return {
+        "forward_ms_median": statistics.median(steps["forward_ms"]) if steps["forward_ms"] else float("nan"),
+        "sample_ms_median": statistics.median(steps["sample_ms"]) if steps["sample_ms"] else float("nan"),
+        "period_ms_median": statistics.median(steps["period_ms"]) if steps["period_ms"] else float("nan"),
         "steps": len(timings),
         "all_hit_share": len(hits) / len(timings) if timings else 0.0,
         "hit_wait_ms_median": statistics.median(t["wait_ms"] for t in hits) if hits else float("nan"),
@@ -72,7 +80,11 @@ def pipeline_figures(timings: list[dict]) -> dict[str, float]:
 
 
 def measure(mode: str, pinned: bool, prompts: list[str], args, tmp: Path) -> dict[str, dict]:
+    """One mode's server, warmed up, at each concurrency. Runs in a process of its own (``measure_apart``):
+    Serve's client state does not survive one Ray cluster being stopped and another started."""
     import ray
+
+    ASYNC_SETTINGS.update(args.async_drafting)
 
     cmd, base, env = server(mode, pinned, tmp)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -96,6 +108,11 @@ def measure(mode: str, pinned: bool, prompts: list[str], args, tmp: Path) -> dic
             ray.shutdown()
         stop(proc)
     return out
+
+
+def measure_apart(*args) -> dict[str, dict]:
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(measure, *args).result()
 
 
 def tok_s(r: dict) -> float:
@@ -155,6 +172,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--modes", nargs="*", default=DEFAULT_MODES, choices=MODES)
     p.add_argument("--prompts", default=None, help="a JSONL prompt file (default: the shipped held-out set)")
+    p.add_argument("--async-drafting", type=json.loads, default={},
+                   help='drafter.async_drafting settings for the cluster, e.g. \'{"bonus_fanout": 3}\'')
     p.add_argument("--out", default=str(ROOT / "results" / "pipelined"))
     args = p.parse_args()
     out = Path(args.out)
@@ -165,7 +184,7 @@ def main() -> None:
         for pinning in args.pinning:
             results[pinning] = {}
             for mode in args.modes:
-                results[pinning][mode] = measure(mode, pinning == "pinned", prompts, args, Path(tmp))
+                results[pinning][mode] = measure_apart(mode, pinning == "pinned", prompts, args, Path(tmp))
                 (out / "results.json").write_text(json.dumps(results, indent=2))
     print(table(results))
     plot(results, out)

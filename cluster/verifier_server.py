@@ -147,14 +147,15 @@ class VerifierServer:
                 "per_request_branch_hits", "acceptance_by_source")
         return {"replica": replica, **{k: driver[k] for k in keys}}
 
-    async def step_timings(self, reset: bool = False) -> list[dict[str, Any]]:
-        """The proposer's per-step timings since the last reset (``actors.verifier.proposer.StepTiming``), for
-        benchmarks: how long each step's propose took and waited on drafters, and whether it was all hits."""
+    async def step_timings(self, reset: bool = False) -> dict[str, list]:
+        """Per-step timings since the last reset, for benchmarks: the proposer's (``timings``: how long each
+        propose took and waited on drafters, and whether it was all hits) and the worker's (``forward_ms``: the
+        target forward, ``sample_ms``: rejection sampling and propose, ``period_ms``: step start to step start)."""
         rpc = await self.engine.collective_rpc("eagle_cluster_stats")
-        timings = next(r for r in rpc if r["is_driver"])["timings"]
+        driver = next(r for r in rpc if r["is_driver"])
         if reset:
             await self.engine.collective_rpc("eagle_cluster_reset_stats")
-        return timings
+        return {k: driver[k] for k in ("timings", "forward_ms", "sample_ms", "period_ms")}
 
     async def check_health(self) -> None:
         await self.engine.check_health()

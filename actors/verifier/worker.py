@@ -54,6 +54,8 @@ class RemoteDraftWorker(_PlatformWorker):
         vllm_fixes.apply()
         self._forward_ms: deque[float] = deque(maxlen=MAX_TIMINGS)  # execute_model: the target forward
         self._sample_ms: deque[float] = deque(maxlen=MAX_TIMINGS)  # sample_tokens: rejection sampling + propose
+        self._period_ms: deque[float] = deque(maxlen=MAX_TIMINGS)  # from one execute_model's start to the next's
+        self._last_start: float | None = None
         # vLLM's own drafter (colocated baselines): (batch size, rows, ms) of each propose call
         self._local_propose: deque[tuple[int, int, float]] = deque(maxlen=MAX_TIMINGS)
         super().__init__(*args, **kwargs)
@@ -72,6 +74,10 @@ class RemoteDraftWorker(_PlatformWorker):
             # The engine's last step before going idle carries the requests that just finished: free their
             # draft state now, since no propose() follows to carry them.
             drafter.free_now(sorted(scheduler_output.finished_req_ids))
+        now = time.perf_counter()
+        if self._last_start is not None and scheduler_output.total_num_scheduled_tokens:
+            self._period_ms.append((now - self._last_start) * 1e3)
+        self._last_start = now if scheduler_output.total_num_scheduled_tokens else None
         return self._timed(self._forward_ms, super().execute_model, scheduler_output, *args, **kwargs)
 
     def sample_tokens(self, *args: Any, **kwargs: Any):
@@ -130,6 +136,7 @@ class RemoteDraftWorker(_PlatformWorker):
             "client": drafter.client.stats() if hasattr(getattr(drafter, "client", None), "stats") else {},
             "forward_ms": list(self._forward_ms),  # execute_model: the target forward
             "sample_ms": list(self._sample_ms),  # sample_tokens: rejection sampling + propose
+            "period_ms": list(self._period_ms),  # step to step, while busy
             "local_propose": list(self._local_propose),  # vLLM's own drafter: (batch, rows, ms) per call
         }
 
@@ -144,3 +151,4 @@ class RemoteDraftWorker(_PlatformWorker):
         self._forward_ms.clear()
         self._sample_ms.clear()
         self._local_propose.clear()
+        self._period_ms.clear()
