@@ -1,9 +1,11 @@
 """The app builder for ``serve run`` / ``serve deploy`` (``import_path: cluster.app:build_app``).
 
-    Ingress (HTTP, gRPC, handle) ──handle──► Verifier (vLLM AsyncLLM, TP bundles) ──handle──► Drafter (1..M, autoscaled)
+    Ingress (HTTP, gRPC, handle) ──handle──► Verifier (vLLM AsyncLLM, TP bundles) ──actor calls──► drafter actors
+                                                                                 ──handle (attach)──► Drafter (1..M)
 
-The drafter deployment routes with ``cluster.drafter_router.SequenceAffinityRouter`` (a sequence stays on its
-replica) and, with ``autoscaling_config``, scales with ``cluster.drafter_autoscaling.DrafterLoadPolicy``.
+Each drafter replica owns the drafter actor its bundle's resources go to (``cluster.drafter_server``); verifiers
+learn the actors through ``attach``, routed by ``cluster.drafter_router.SequenceAffinityRouter``, and call them
+straight. With ``autoscaling_config`` the pool scales with ``cluster.drafter_autoscaling.DrafterLoadPolicy``.
 
 ``build_app(args)`` validates the YAML ``args:`` block into ``EagleClusterConfig`` (errors name the field), turns
 relative model paths into absolute ones (replicas do not share the CLI's working directory), and binds the three

@@ -1,17 +1,17 @@
 """``SequenceAffinityRouter``: Ray Serve's request router for the drafter deployment.
 
-A sequence's draft KV cache lives on one drafter replica, its *home*. ``cluster.draft_client.ServeDraftClient``
-splits each verification step by home and tags each sub-batch's call with a routing key in the handle's
-``session_id`` (see ``route_key``):
+Per-step drafting traffic does not go through Serve: each replica owns a drafter actor, and a verifier's
+``cluster.draft_client.ServeDraftClient`` calls that actor straight by its handle. What goes through Serve is
+small and rare, and this router decides where, from a routing key in the handle's ``session_id``
+(see ``route_key``):
 
-- ``home:<replica id>``: sequences that live on that replica. Routed there, and only there, while it runs; if it
-  is gone (died, or drained by a scale-down), routed as new: the sequences are *re-homed* and speculate on,
-  drafting from the context their new home sees (``actors.drafter.kv_cache``).
-- ``new:<n>``: n sequences with no home yet. Routed to the least-loaded replica, load being the active
-  sequences each replica reports through ``record_routing_stats``, plus the sequences this router has sent it
-  since that report (reports are periodic, and a burst of new sequences must not all land on one replica).
+- ``new:<n>``: ``attach``, a verifier learning a drafter for n new sequences. Routed to the least-loaded replica,
+  load being the active sequences each replica reports through ``record_routing_stats``, plus the sequences this
+  router has sent it since that report (reports are periodic: successive attaches go round the idle replicas,
+  so a client learns the whole pool).
+- ``home:<replica id>``: a call for one replica (its ``stats``, ``free``): routed there, and only there, while it
+  runs; if it is gone, routed as new.
 
-Each replica answers with its own id (``DraftResult.drafter_id``), which becomes the sequences' home.
 Several verifier replicas can share one pool: each has its own router and client, and the replicas' reports
 count every verifier's sequences.
 """
