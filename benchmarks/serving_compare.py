@@ -35,7 +35,7 @@ MODELS = ROOT / "models"
 HEADS = {"eagle": MODELS / "eagle-llama4-tiny-1l", "eagle3": MODELS / "eagle3-llama4-tiny"}
 MODES = ["target-only", "colocated-eagle", "colocated-eagle3", "cluster-eagle", "cluster-eagle3",
          "cluster-eagle-async", "cluster-eagle3-async"]
-DEFAULT_MODES = MODES[:5]  # the async modes: benchmarks/async_drafting.py
+DEFAULT_MODES = MODES[:5]  # pipelined (async) drafting has its own: benchmarks/pipelined_drafting.py
 VLLM_PORT = 8001
 
 

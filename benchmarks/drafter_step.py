@@ -1,0 +1,74 @@
+"""The drafter engine alone: median milliseconds per synchronous draft step, one torch thread, synthetic steps.
+
+    python -m benchmarks.drafter_step [--heads eagle eagle3] [--batch 1 16] [--steps 200] [--k 3]
+    taskset -c 1 python -m benchmarks.drafter_step      # on one core of its own
+
+Each sequence first ships a 100-row prompt, then decode steps of 2 rows each (one accepted draft and the bonus /
+recovered token: positions advance by 2), random ids and hidden states, the shipped heads. With ``--profile``,
+prints cProfile's top functions over 100 more steps (where a step's time goes). No Ray, no vLLM: this is the
+number ``benchmarks.drafter_speed`` puts beside vLLM's own draft step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from actors.drafter.engine import DrafterEngine
+from actors.messages import DraftStep, SeqSlice
+from benchmarks.disaggregated_throughput import HEADS, TARGET
+
+
+def make_step(step_id: int, batch: int, position: int, rows: int, k: int, width: int) -> tuple[DraftStep, torch.Tensor]:
+    seqs = [SeqSlice(f"s{b}", b * rows, rows, position) for b in range(batch)]
+    ids = np.random.randint(0, 4000, batch * rows).astype(np.int32)
+    return DraftStep(step_id, k, seqs, ids), torch.randn(batch * rows, width)
+
+
+def measure(method: str, batch: int, steps: int, k: int, profile: bool) -> float:
+    engine = DrafterEngine.from_checkpoint(HEADS[method], TARGET, max_model_len=1032)
+    width = engine.spec.fused_hidden_size
+    engine.propose_tensors(*make_step(0, batch, 0, 100, k, width))
+    times, position = [], 100
+    for i in range(steps):
+        step, hidden = make_step(i + 1, batch, position, 2, k, width)
+        position += 2
+        start = time.perf_counter()
+        engine.propose_tensors(step, hidden)
+        times.append((time.perf_counter() - start) * 1e3)
+    if profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        for i in range(100):
+            engine.propose_tensors(*make_step(steps + i + 1, batch, position + 2 * i, 2, k, width))
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+    return statistics.median(times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--heads", nargs="*", choices=list(HEADS), default=list(HEADS))
+    p.add_argument("--batch", type=int, nargs="*", default=[1, 16])
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--k", type=int, default=3)
+    p.add_argument("--profile", action="store_true")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    print("head | batch | ms per step (median)")
+    for method in args.heads:
+        for batch in args.batch:
+            print(f"{method} | {batch} | {measure(method, batch, args.steps, args.k, args.profile):.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
