@@ -9,7 +9,7 @@ small and rare, and this router decides where, from a routing key in the handle'
   load being the active sequences each replica reports through ``record_routing_stats``, plus the sequences this
   router has sent it since that report (reports are periodic: successive attaches go round the idle replicas,
   so a client learns the whole pool).
-- ``home:<replica id>``: a call for one replica (its ``stats``, ``free``): routed there, and only there, while it
+- ``home:<replica id>``: a call for one replica (its ``stats``): routed there, and only there, while it
   runs; if it is gone, routed as new.
 
 Several verifier replicas can share one pool: each has its own router and client, and the replicas' reports

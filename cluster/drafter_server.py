@@ -53,9 +53,6 @@ class DrafterServer:
     async def record_autoscaling_stats(self) -> dict[str, float]:
         return await self.drafter.load_window.remote()
 
-    async def free(self, req_ids: list[str]) -> int:
-        return await self.drafter.free.remote(req_ids)
-
     async def check_health(self) -> None:
         shape = await self.drafter.probe.remote()
         if tuple(shape) != (1, 1):
