@@ -6,9 +6,9 @@ verifier can send a step and not wait for it: everything it sends later is handl
 - ``propose(step_bytes, hidden)``: answer a ``DraftStep``; ``hidden`` arrives as a numpy array (Ray inlines a
   small one into the call, and passes a large one through the object store). Errors come back as a ``FAILED``
   result, so the verifier carries on without drafts.
-- ``branches()``: with asynchronous drafting, the engine's ``after_step`` (fold the step's real hidden states,
-  draft the next step's branches), answered with a ``BranchTable``. The verifier calls it right after each
-  ``propose`` without waiting, and keeps the reply's object ref for its next step.
+- ``branches(req_ids)``: with asynchronous drafting, the engine's ``after_step`` (fold the step's real hidden
+  states, draft the next step's branches), answered with a ``BranchTable`` of those sequences. The verifier
+  calls it right after each ``propose`` without waiting, and keeps the reply's object ref for its next step.
 """
 
 from __future__ import annotations
@@ -82,16 +82,19 @@ class DrafterActor:
         result.active_sequences = self.engine.num_active_sequences
         return result.pack()
 
-    def branches(self) -> bytes:
-        """Fold the last step and draft the next step's branches; its sequences' entries (empty if none)."""
+    def branches(self, req_ids: list[str]) -> bytes:
+        """Fold the last step and draft the next step's branches; the entries of ``req_ids`` (the caller's
+        sequences). Asked by sequence, not "the last step's", because another verifier's step may have come in
+        between (the engine then drafted this caller's branches before it, and keeps them by sequence)."""
         start = time.perf_counter()
         try:
-            entries = self.engine.after_step()
+            self.engine.after_step()
         except Exception:  # the next step drafts on demand
             logger.exception("drafter: precomputing the next step failed")
-            entries = {}
         ms = (time.perf_counter() - start) * 1e3
         self.branch_ms.append(ms)
+        table = self.engine.branch_table
+        entries = {rid: table[rid] for rid in req_ids if rid in table}
         return BranchTable(entries, self.engine.num_active_sequences, ms).pack()
 
     def free(self, req_ids: list[str]) -> int:

@@ -261,7 +261,8 @@ class DraftClient:
                     sub.seqs[j] = replace(sub.seqs[j], role=SeqRole.CONTEXT)
                     reply.placeholder_rows.append(idx[j])
             ref = link.actor.propose.remote(sub.pack(), array[rows])
-            link.branches_ref = link.actor.branches.remote() if link.drafts_branches else None
+            link.branches_ref = (link.actor.branches.remote([s.req_id for s in sub.seqs])
+                                 if link.drafts_branches else None)
             if must_wait:
                 waiting.append((link, idx, ref))
             else:

@@ -114,3 +114,20 @@ def test_dead_home_rehomes_and_frees_go_home(ray_local, toy_heads, branches):
     survivor = next(a for a in actors if a is not victim)
     client.free(["a", "b"])
     assert ray.get(survivor.stats.remote())["active_sequences"] == 0  # the free ran before this call
+
+
+def test_branches_are_answered_by_sequence_when_verifiers_interleave(toy_heads):
+    """Two verifiers share a drafter: B's step lands between A's ``propose`` and A's ``branches``. Each still gets
+    its own sequences' branches (the actor answers by sequence, not "the last step's")."""
+    from actors.drafter.actor import DrafterActor
+
+    target, heads = toy_heads
+    actor = DrafterActor(str(heads["eagle1"]), str(target), max_model_len=64, branches=ASYNC)
+    step_a, hidden_a = step(0, [("a", 0, [1, 2, 3], SeqRole.CONTEXT)], 64)
+    step_b, hidden_b = step(1, [("b", 0, [4, 5], SeqRole.CONTEXT)], 64)
+    actor.propose(step_a.pack(), hidden_a.numpy())
+    actor.propose(step_b.pack(), hidden_b.numpy())  # drafts A's branches first, then leaves B's pending
+    table_a = BranchTable.unpack(actor.branches(["a"]))
+    table_b = BranchTable.unpack(actor.branches(["b"]))
+    assert set(table_a.entries) == {"a"} and table_a.entries["a"].last_position == 2
+    assert set(table_b.entries) == {"b"} and table_b.entries["b"].last_position == 1
