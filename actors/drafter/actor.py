@@ -58,7 +58,6 @@ class DrafterActor:
         self.branch_hits = 0
         self.branch_lookups = 0
         self.compute_ms: deque[float] = deque(maxlen=1024)  # per step, since the last load_window() read
-        self.branch_ms: deque[float] = deque(maxlen=1024)  # per branches() call (async drafting)
 
     def info(self) -> dict[str, Any]:
         """What a verifier's client needs to know about this drafter."""
@@ -92,7 +91,6 @@ class DrafterActor:
         except Exception:  # the next step drafts on demand
             logger.exception("drafter: precomputing the next step failed")
         ms = (time.perf_counter() - start) * 1e3
-        self.branch_ms.append(ms)
         table = self.engine.branch_table
         entries = {rid: table[rid] for rid in req_ids if rid in table}
         return BranchTable(entries, self.engine.num_active_sequences, ms).pack()
@@ -103,8 +101,6 @@ class DrafterActor:
 
     def probe(self) -> tuple[int, int]:
         """Draft one token for a throwaway sequence (a health check); returns the drafts' shape."""
-        if self.engine.has_pending_work:
-            self.engine.after_step()
         spec = self.engine.spec
         step = DraftStep(-1, 1, [SeqSlice(HEALTH_PROBE, 0, 1, 0)], np.zeros(1, np.int32))
         hidden = np.zeros((1, spec.fused_hidden_size), np.float32)

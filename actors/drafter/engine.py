@@ -311,10 +311,6 @@ class DrafterEngine:
         self._pending = pending if precompute else None
         return Proposal(drafts, cold, hits, lookups)
 
-    @property
-    def has_pending_work(self) -> bool:
-        return self._pending is not None
-
     @torch.inference_mode()
     def after_step(self) -> dict[str, BranchEntry]:
         """Off the critical path: fold the real hidden states of sequences answered from a branch into the

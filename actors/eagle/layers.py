@@ -64,10 +64,9 @@ def rotary_cos_sin(positions: torch.Tensor, freqs: torch.Tensor) -> tuple[torch.
     return angles.cos()[..., None, :], angles.sin()[..., None, :]
 
 
-def apply_neox_rotary(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor,
-                      cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """x: [..., heads, head_dim] in neox order (first half, second half); positions: [...]."""
-    cos, sin = cos_sin if cos_sin is not None else rotary_cos_sin(positions, freqs)
+def apply_neox_rotary(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x: [..., heads, head_dim] in neox order (first half, second half); ``cos_sin`` from ``rotary_cos_sin``."""
+    cos, sin = cos_sin
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
@@ -105,11 +104,11 @@ class DraftAttention(nn.Module):
         self.temperature_tuning = spec.attn_temperature_tuning and not self.use_rope
         self.register_buffer("freqs", inv_freq(spec.rope, d), persistent=False)
         self.fused_qkv: torch.Tensor | None = None  # [(heads + 2 * kv_heads) * head_dim, input_size], see fuse()
+        self.fused_qkv_bias: torch.Tensor | None = None
 
     def fuse(self) -> None:
         """For inference: one matmul for q, k and v (the weights stay as they are, for saving and training)."""
         self.fused_qkv = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach()
-        self.fused_qkv_bias = None
         if self.q_proj.bias is not None:
             self.fused_qkv_bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]).detach()
 
@@ -134,8 +133,8 @@ class DraftAttention(nn.Module):
             v = self.v_proj(x).unflatten(-1, (-1, d))
         if self.use_rope:
             cos_sin = rotary_cos_sin(positions, self.freqs)
-            q = apply_neox_rotary(q, positions, self.freqs, cos_sin)
-            k = apply_neox_rotary(k, positions, self.freqs, cos_sin)
+            q = apply_neox_rotary(q, cos_sin)
+            k = apply_neox_rotary(k, cos_sin)
         if self.use_qk_norm:
             q = rms_norm(q, self.spec.rms_norm_eps)
             k = rms_norm(k, self.spec.rms_norm_eps)

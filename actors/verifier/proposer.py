@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -158,8 +158,8 @@ class RemoteEagleProposer(EagleProposer):
             # last chunk. A pipelined drafter does not make the verifier wait for those (``SeqRole.CONTEXT``).
             ends = [s.start_position + s.num_tokens for s in seqs]
             in_prefill = [end < int(prompt_lens[i]) for i, end in enumerate(ends)]
-            seqs = [SeqSlice(s.req_id, s.start, s.num_tokens, s.start_position, SeqRole.CONTEXT)
-                    if end <= int(prompt_lens[i]) else s for i, (s, end) in enumerate(zip(seqs, ends, strict=True))]
+            seqs = [replace(s, role=SeqRole.CONTEXT) if end <= int(prompt_lens[i]) else s
+                    for i, (s, end) in enumerate(zip(seqs, ends, strict=True))]
         else:
             in_prefill = [False] * len(seqs)
         self._account(seqs, finished, k, in_prefill)
