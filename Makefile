@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo serve test models bench lint clean-venv
+.PHONY: demo serve deploy undeploy test models bench lint clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,16 @@ demo: $(STAMP)
 
 serve: $(STAMP)
 	$(VENV)/bin/serve run deploy/cpu.yaml
+
+# serve deploy against a long-lived Ray cluster (started here if none is running); RAY_AUTH_MODE: see README.
+deploy: $(STAMP)
+	RAY_AUTH_MODE=token $(VENV)/bin/ray status >/dev/null 2>&1 || $(VENV)/bin/ray start --head --disable-usage-stats
+	RAY_AUTH_MODE=token $(VENV)/bin/serve deploy deploy/cpu.yaml
+	@echo "RAY_AUTH_MODE=token $(VENV)/bin/serve status   # until eagle-cluster: RUNNING"
+
+undeploy: $(STAMP)
+	RAY_AUTH_MODE=token $(VENV)/bin/serve shutdown -y || true
+	$(VENV)/bin/ray stop
 
 test: $(STAMP)
 	$(PY) -m ruff check .

@@ -7,14 +7,22 @@ Each drafter replica owns the drafter actor its bundle's resources go to (``clus
 learn the actors through ``attach``, routed by ``cluster.drafter_router.SequenceAffinityRouter``, and call them
 straight. With ``autoscaling_config`` the pool scales with ``cluster.drafter_autoscaling.DrafterLoadPolicy``.
 
-``build_app(args)`` validates the YAML ``args:`` block into ``EagleClusterConfig`` (errors name the field), turns
-relative model paths into absolute ones (replicas do not share the CLI's working directory), and binds the three
-deployments, handing each its downstream handle as a constructor argument.
+``build_app(args)`` validates the YAML ``args:`` block into ``EagleClusterConfig`` (errors name the field; model
+paths come out absolute, see ``cluster.config``) and binds the three deployments, handing each its downstream
+handle as a constructor argument. Each deployment is bound with its own sections of the config only, so that
+``serve deploy`` of a changed YAML restarts only what the change touches:
+
+    change                                          restarts
+    drafter.* (replicas, autoscaling, resources,    the Drafter replicas (rolling); the verifier's engine stays up
+      timeout_s, async_drafting, ...)
+    ingress.*                                       the Ingress replicas
+    verifier.*, speculative_config.*                the Verifier (its vLLM engine); the Drafters too when a model
+                                                    path or max_model_len changes (they load the head and the
+                                                    target's embeddings)
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from ray import serve
@@ -32,20 +40,8 @@ VERIFIER = "Verifier"
 INGRESS = "Ingress"
 
 
-def _absolute(path: str) -> str:
-    p = Path(path).expanduser()
-    return str(p.resolve()) if p.exists() else path  # a hub id stays as it is
-
-
-def resolve_paths(cfg: EagleClusterConfig) -> EagleClusterConfig:
-    cfg = cfg.model_copy(deep=True)
-    cfg.verifier.model = _absolute(cfg.verifier.model)
-    cfg.speculative_config.model = _absolute(cfg.speculative_config.model)
-    return cfg
-
-
 def build_app(args: dict[str, Any]) -> Application:
-    cfg = resolve_paths(EagleClusterConfig.model_validate(args))
+    cfg = EagleClusterConfig.model_validate(args)
     v, d = cfg.verifier, cfg.drafter
 
     # Each replica owns a drafter actor that does the drafting: the replica's placement group holds the
@@ -74,7 +70,7 @@ def build_app(args: dict[str, Any]) -> Application:
         drafter_opts["num_replicas"] = d.num_replicas or 1
     drafter = serve.deployment(DrafterServer).options(**drafter_opts).bind(
         cfg.speculative_config.model, v.model, d.max_model_len or v.max_model_len + 8, d.num_threads,
-        d.async_drafting.for_drafter(), actor_opts, d.cpu_affinity,
+        d.async_drafting.for_drafter(), actor_opts, d.cpu_affinity, d.timeout_s,
     )
 
     bundle = {"GPU": 1, "CPU": v.num_cpus} if v.accelerator == "gpu" else {"CPU": v.num_cpus}
@@ -87,12 +83,12 @@ def build_app(args: dict[str, Any]) -> Application:
         placement_group_strategy="STRICT_PACK",
         health_check_period_s=10,
         max_ongoing_requests=max(64, 2 * v.max_num_seqs),
-    ).bind(cfg.model_dump(), drafter)
+    ).bind(v.model_dump(), cfg.speculative_config.model_dump(), drafter)
 
     ingress = serve.deployment(serve.ingress(app)(Ingress)).options(
         name=INGRESS,
         num_replicas=cfg.ingress.num_replicas,
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=1000,
-    ).bind(verifier, cfg.model_dump())
+    ).bind(verifier, cfg.ingress.model_dump(), v.name)
     return ingress

@@ -6,6 +6,10 @@
       drafter:     {num_cpus, num_gpus, resources, num_replicas | autoscaling_config, max_model_len}
       ingress:     {api_key, num_replicas}
 
+Model paths: a relative path resolves against the current directory (a Serve ``runtime_env`` ``working_dir``
+when the YAML sets one), else against the project's folder (where ``models/`` ships), so a YAML means the same
+wherever ``ray start`` ran; a name found in neither is a Hugging Face id.
+
 Errors name the field and the reason. Checks that need the checkpoints (tensor parallelism that does not divide
 the heads, a head made for another target) run when the model paths are local folders; hub ids are checked by
 vLLM when the engine starts.
@@ -14,8 +18,8 @@ vLLM when the engine starts.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,6 +29,7 @@ from actors.eagle.compat import check_head_fits_target, target_text_config
 from actors.eagle.spec import HeadConfigError, load_head_spec
 
 logger = logging.getLogger(__name__)
+PROJECT_ROOT = Path(__file__).resolve().parent.parent  # the folder holding cluster/ and models/
 
 # Keys the seed PRs pass that this vLLM no longer has; accepted (so their JSON pastes as is) and dropped.
 LEGACY_SPECULATIVE_KEYS = {"prefill_token_shift"}
@@ -43,6 +48,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def resolve_model_path(path: str) -> str:
+    """An absolute path for a model folder named relatively (see the module docstring); a hub id as it is."""
+    p = Path(path).expanduser()
+    for candidate in (p,) if p.is_absolute() else (p, PROJECT_ROOT / p):
+        if candidate.exists():
+            return os.path.abspath(candidate)
+    return path
+
+
 class VerifierConfig(_Strict):
     model: str = Field(description="target checkpoint: a local folder or a Hugging Face id")
     served_model_name: str | None = None
@@ -54,6 +68,11 @@ class VerifierConfig(_Strict):
     num_cpus: float = Field(1.0, ge=0, description="CPUs per TP bundle")
     resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources, per TP bundle")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed through to vLLM")
+
+    @field_validator("model")
+    @classmethod
+    def _resolve(cls, v: str) -> str:
+        return resolve_model_path(v)
 
     @property
     def name(self) -> str:
@@ -69,6 +88,11 @@ class SpeculativeConfig(BaseModel):
     num_speculative_tokens: int = Field(ge=1, le=16)
     draft_tensor_parallel_size: int | None = Field(None, ge=1)
     max_model_len: int | None = Field(None, ge=16)
+
+    @field_validator("model")
+    @classmethod
+    def _resolve(cls, v: str) -> str:
+        return resolve_model_path(v)
 
     @model_validator(mode="after")
     def _known_keys(self) -> SpeculativeConfig:
@@ -201,16 +225,3 @@ class EagleClusterConfig(_Strict):
                         f"{spec.method.value} head"
                     )
         return self
-
-
-def load_config(args: dict[str, Any] | str | Path) -> EagleClusterConfig:
-    """From a dict (a YAML ``args:`` block), or a JSON / YAML file holding one."""
-    if isinstance(args, str | Path):
-        text = Path(args).read_text()
-        if str(args).endswith((".yaml", ".yml")):
-            import yaml
-
-            args = yaml.safe_load(text)
-        else:
-            args = json.loads(text)
-    return EagleClusterConfig.model_validate(args)

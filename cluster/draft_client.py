@@ -6,7 +6,8 @@ Serve). Serve places, health-checks and autoscales the drafter replicas; each re
 (``actors.verifier.client.DraftClient``: no Serve call on a step's path).
 
 Serve's part is to introduce drafters: ``attach`` on the deployment, routed by ``cluster.drafter_router`` to the
-least-loaded replica, answers that replica's id and its drafter's actor handle. The client asks, blocking, when
+least-loaded replica, answers that replica's id, its drafter's actor handle, and the pool's draft-call timeout
+(a drafter setting, so changing it redeploys the drafters, not the verifier). The client asks, blocking, when
 it knows no drafter (until the router names one it knows: the router counts what it sent, so it goes round the
 idle replicas), then every ``discover_period_s`` in the background (at once again after learning a new one),
 so replicas the pool grows are found within about that long; new sequences go to the least-loaded drafter it
@@ -47,6 +48,7 @@ class ServeDraftClient(DraftClient):
         """Add a drafter; True if it was new (then there may be more: ask again at once)."""
         new = drafter_id not in self.links
         self._add_link(drafter_id, actor, info)
+        self.timeout_s = float(info.get("timeout_s", self.timeout_s))  # the pool's setting, redeployed with it
         return new
 
     def _discover(self, blocking: bool) -> None:

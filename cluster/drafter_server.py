@@ -22,8 +22,10 @@ from actors.drafter.actor import drafter_actor_class
 class DrafterServer:
     async def __init__(self, head_dir: str, target_dir: str, max_model_len: int = 4096, num_threads: int = 1,
                    branches: dict[str, Any] | None = None, actor_options: dict[str, Any] | None = None,
-                   cpu_affinity: list[int] | None = None) -> None:
-        """``actor_options``: the drafter actor's Ray resources (``num_cpus``, ``num_gpus``, ``resources``)."""
+                   cpu_affinity: list[int] | None = None, timeout_s: float = 10.0) -> None:
+        """``actor_options``: the drafter actor's Ray resources (``num_cpus``, ``num_gpus``, ``resources``).
+        ``timeout_s``: how long a verifier waits for a draft call here, handed to it with ``attach`` (a drafter
+        setting that verifiers learn, so changing it redeploys the drafters only)."""
         from ray import serve
         from ray.util import get_current_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -37,7 +39,7 @@ class DrafterServer:
             head_dir, target_dir, max_model_len, num_threads, self.replica_id, branches=branches,
             cpu_affinity=cpu_affinity,
         )
-        self.info = await self.drafter.info.remote()
+        self.info = {**await self.drafter.info.remote(), "timeout_s": timeout_s}
 
     async def attach(self) -> tuple[str, Any, dict[str, Any]]:
         """(this replica's id, its drafter actor's handle, the drafter's info) for a verifier's client."""

@@ -79,13 +79,14 @@ def completion_request(prompt: str, sampling: dict[str, Any], stream: bool) -> A
 
 
 class Ingress:
-    def __init__(self, verifier, config: dict[str, Any]) -> None:
-        from cluster.config import EagleClusterConfig
+    def __init__(self, verifier, ingress: dict[str, Any], model_name: str) -> None:
+        """``ingress``: the config's ``ingress`` section; ``model_name``: the served model's name."""
+        from cluster.config import IngressConfig
 
         self.verifier = verifier
-        self.config = EagleClusterConfig.model_validate(config)
-        self.api_key = self.config.ingress.api_key
-        self.model_name = self.config.verifier.name
+        self.config = IngressConfig.model_validate(ingress)
+        self.api_key = self.config.api_key
+        self.model_name = model_name
 
     # --- HTTP ------------------------------------------------------------------------------------------------
     def _authorized(self, request: Request) -> bool:

@@ -14,7 +14,7 @@ import os
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from cluster.config import EagleClusterConfig
+from cluster.config import SpeculativeConfig, VerifierConfig
 
 logger = logging.getLogger(__name__)
 
@@ -54,9 +54,12 @@ def pool_metrics_text(stats: dict[str, Any]) -> str:
 
 
 class VerifierServer:
-    async def __init__(self, config: dict[str, Any], drafter) -> None:
-        """``drafter``: the drafter deployment's handle. vLLM's engine runs in its own process, so it gets the
-        handle's (application, deployment) names and opens its own handle there."""
+    async def __init__(self, verifier: dict[str, Any], speculative_config: dict[str, Any], drafter) -> None:
+        """``verifier``, ``speculative_config``: those sections of the app's config, and nothing of the drafter
+        pool's, so that a drafter-side redeploy leaves this replica and its engine alone (the draft-call timeout
+        comes from the drafters, through ``attach``). ``drafter``: the drafter deployment's handle. vLLM's engine
+        runs in its own process, so it gets the handle's (application, deployment) names and opens its own handle
+        there."""
         import ray
         from starlette.datastructures import State
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -66,21 +69,19 @@ class VerifierServer:
         from actors.verifier.engine import verifier_kwargs
         from actors.vllm_engine import set_cpu_env
 
-        cfg = EagleClusterConfig.model_validate(config)
-        v = cfg.verifier
+        v = VerifierConfig.model_validate(verifier)
         set_cpu_env(v.tensor_parallel_size, in_process=False)
         client = {
             "client": "cluster.draft_client:ServeDraftClient",
             "app_name": drafter.app_name,
             "deployment_name": drafter.deployment_name,
-            "timeout_s": cfg.drafter.timeout_s,
         }
         engine = dict(v.engine_kwargs)
         if v.accelerator == "gpu" and v.tensor_parallel_size > 1:
             engine.setdefault("distributed_executor_backend", "ray")  # TP workers in this replica's bundles
         kwargs = verifier_kwargs(
             v.model,
-            cfg.speculative_config.for_vllm(),
+            SpeculativeConfig.model_validate(speculative_config).for_vllm(),
             client,
             tensor_parallel_size=v.tensor_parallel_size,
             max_model_len=v.max_model_len,
@@ -90,12 +91,10 @@ class VerifierServer:
             ray_address=ray.get_runtime_context().gcs_address,  # the engine's driver joins this cluster
             **engine,
         )
-        self.config = cfg
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         self.state = State()
         tasks = await self.engine.get_supported_tasks()
         await init_app_state(self.engine, self.state, vllm_cli_args(v.model, v.name), tasks)
-        self.max_model_len = v.max_model_len
 
     async def _run(self, coro) -> AsyncGenerator[tuple[str, Any], None]:
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse

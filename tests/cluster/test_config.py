@@ -132,3 +132,17 @@ def test_autoscaling_config_is_checked():
     args["drafter"] = {"autoscaling_config": {"target_sequences_per_replica": 0}}
     with pytest.raises(ValidationError, match="target_sequences_per_replica"):
         EagleClusterConfig.model_validate(args)
+
+
+def test_model_paths_resolve_wherever_ray_started(monkeypatch, tmp_path):
+    """A YAML's relative model paths: the current directory first, else the project's folder; hub ids kept."""
+    monkeypatch.chdir(tmp_path)  # as if `ray start` ran here
+    cfg = EagleClusterConfig.model_validate(app_args(ROOT / "deploy" / "cpu.yaml"))
+    assert cfg.verifier.model == str(ROOT / "models" / "llama4-tiny")
+    assert cfg.speculative_config.model == str(ROOT / "models" / "eagle3-llama4-tiny")
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "llama4-tiny").symlink_to(TARGET, target_is_directory=True)
+    cfg = EagleClusterConfig.model_validate(app_args(ROOT / "deploy" / "cpu.yaml"))
+    assert cfg.verifier.model == str(tmp_path / "models" / "llama4-tiny")  # a runtime_env working_dir wins
+    hub = EagleClusterConfig.model_validate({**CPU, "verifier": {"model": "meta-llama/Llama-4-Scout-17B-16E"}})
+    assert hub.verifier.model == "meta-llama/Llama-4-Scout-17B-16E"

@@ -131,7 +131,10 @@ def test_drafter_killed_under_32_streams(server, reference):
 
     def kill_after(elapsed: float) -> None:
         if "kill" not in marks and elapsed > 3:
-            victim = max(drafters, key=lambda a: drafter_stats(a["replica_id"])["active_sequences"])
+            homes = _spec_stats()["client"]["homes"]  # the verifier's own view: drafter id -> sequences homed
+            victim = max(drafters, key=lambda a: homes.get(a["replica_id"], 0))
+            marks["homes"] = homes
+            assert homes.get(victim["replica_id"], 0) > 0, homes
             marks["before"] = _spec()
             marks["kill"] = time.time()
             os.kill(victim["pid"], signal.SIGKILL)
@@ -145,7 +148,8 @@ def test_drafter_killed_under_32_streams(server, reference):
     events = [e for e in _spec_stats()["client"]["events"] if e[0] >= marks["kill"]]
     failed = [t for t, kind, _ in events if kind == "failed"]
     rehomed = [t for t, kind, _ in events if kind == "rehomed"]
-    assert rehomed, events  # (a failed call first only if a step reached the dead replica before Serve noticed)
+    # (a failed call first only if a step reached the dead replica before Serve noticed)
+    assert rehomed, (marks["homes"], events, _spec_stats()["client"])
     recovery = min(rehomed) - marks["kill"]
     before = marks["before"] - marks["start"]
     during = marks["during"] - marks["before"]

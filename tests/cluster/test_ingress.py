@@ -74,7 +74,7 @@ def test_api_key_on_http_and_grpc():
     cfg = copy.deepcopy(CFG)
     cfg["ingress"] = {"api_key": "s3cret"}
     ingress = Ingress.__new__(Ingress)
-    Ingress.__init__(ingress, verifier=None, config=cfg)
+    Ingress.__init__(ingress, verifier=None, ingress=cfg["ingress"], model_name="llama4-tiny")
     resp = asyncio.run(ingress._openai(_Req({}), CompletionRequest, "completions"))
     assert resp.status_code == 401
     resp = asyncio.run(ingress._openai(_Req({"authorization": "Bearer wrong"}), CompletionRequest, "completions"))
@@ -87,5 +87,5 @@ def test_api_key_on_http_and_grpc():
 
 def test_no_api_key_means_open():
     ingress = Ingress.__new__(Ingress)
-    Ingress.__init__(ingress, verifier=None, config=CFG)
+    Ingress.__init__(ingress, verifier=None, ingress={}, model_name="llama4-tiny")
     assert ingress._authorized(_Req({}))

@@ -1,0 +1,203 @@
+"""``serve deploy`` the long-lived way, with real processes: ``ray start --head`` in another folder, ``serve
+deploy`` of the CPU default (its relative model paths unchanged), completions through the ``openai`` client, then
+two redeploys and what each costs:
+
+- drafter side (``drafter.num_replicas: 2``) while 16 requests stream: every stream finishes with greedy output
+  identical to vLLM target-only, and the verifier's replica process is the same one;
+- target model (a copy of the checkpoint in another folder): a new verifier replica (and new drafters); the seconds
+  without service are printed (``-s``) and written in the README.
+
+Then ``serve shutdown`` and ``ray stop``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from benchmarks.serving import load_prompts
+from tests.cluster.serve_helpers import APP, HTTP, MODEL, get
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+MAX_TOKENS = 48
+NUM_STREAMS = 16
+BIN = Path(sys.executable).parent
+ENV = {**os.environ, "RAY_AUTH_MODE": "token"}  # what Ray 2.60's CLI needs after `ray start` (see README)
+
+
+def cli(*args: str, cwd: Path, check: bool = True, timeout: float = 300) -> str:
+    r = subprocess.run([str(BIN / args[0]), *args[1:]], cwd=cwd, env=ENV, capture_output=True, text=True,
+                       timeout=timeout)
+    if check and r.returncode:
+        raise RuntimeError(f"{' '.join(args)} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return r.stdout
+
+
+def replica_pids(deployment: str, cwd: Path) -> set[int]:
+    """The process ids of one deployment's alive replicas (Ray's state CLI: this process never joins the cluster)."""
+    out = cli("ray", "list", "actors", "--format", "json", "--limit", "1000", "--filter", "state=ALIVE",
+              "--filter", f"class_name=ServeReplica:{APP}:{deployment}", cwd=cwd)
+    return {a["pid"] for a in json.loads(out)} if out.lstrip().startswith("[") else set()
+
+
+def app_yaml(tmp: Path, name: str, **sections: dict) -> Path:
+    """The shipped ``deploy/cpu.yaml`` (relative model paths kept), without gRPC, ``sections`` merged in."""
+    doc = yaml.safe_load((ROOT / "deploy" / "cpu.yaml").read_text())
+    doc.pop("grpc_options", None)
+    args = doc["applications"][0]["args"]
+    for section, values in sections.items():
+        args[section].update(values)
+    path = tmp / name
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def wait_running(cwd: Path, timeout_s: float = 600, replicas: dict[str, int] | None = None) -> float:
+    """Until ``serve status`` says RUNNING (and the deployments have these many replicas); the seconds it took."""
+    start = time.time()
+    while time.time() - start < timeout_s:
+        status = yaml.safe_load(cli("serve", "status", cwd=cwd, check=False) or "{}") or {}
+        app = (status.get("applications") or {}).get(APP) or {}
+        if app.get("status") == "DEPLOY_FAILED":
+            raise RuntimeError(f"deploy failed: {app}")
+        if app.get("status") == "RUNNING" and all(len(replica_pids(d, cwd)) == n for d, n in (replicas or {}).items()):
+            return time.time() - start
+        time.sleep(2)
+    raise TimeoutError(f"the app was not RUNNING in {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, list[int]]:
+    from vllm import SamplingParams
+
+    from tests.actors import vllm_helpers as vh
+
+    prompts = load_prompts(None, NUM_STREAMS)
+    ids, _ = vh.target_only(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
+    return dict(zip(prompts, ids, strict=True))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, reference):
+    """A Ray head started in a folder that is not the project's; stopped (with Serve) afterwards."""
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    cli("ray", "stop", "--force", cwd=elsewhere, check=False)
+    cli("ray", "start", "--head", "--num-cpus", "4", "--disable-usage-stats", cwd=elsewhere)
+    try:
+        yield elsewhere
+    finally:
+        cli("serve", "shutdown", "-y", cwd=elsewhere, check=False)
+        cli("ray", "stop", "--force", cwd=elsewhere, check=False)
+
+
+async def _streams(prompts: list[str], during=None) -> list[tuple[str, list[int] | str]]:
+    """Stream ``prompts`` at once; ``during()`` runs in a thread once every stream has its first tokens."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=HTTP + "/v1", api_key="unused", max_retries=0, timeout=600)
+    started = asyncio.Event()
+    first = 0
+
+    async def one(prompt: str) -> tuple[str, list[int] | str]:
+        nonlocal first
+        ids: list[int] = []
+        try:
+            stream = await client.completions.create(
+                model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True,
+                extra_body={"ignore_eos": True, "return_token_ids": True})
+            async for chunk in stream:
+                if chunk.choices:
+                    if not ids:
+                        first += 1
+                        if first == len(prompts):
+                            started.set()
+                    ids += chunk.choices[0].token_ids or []
+            return prompt, ids
+        except Exception as e:
+            return prompt, f"{type(e).__name__}: {e}"
+
+    tasks = [asyncio.create_task(one(p)) for p in prompts]
+    if during is not None:
+        await asyncio.wait_for(started.wait(), timeout=300)
+        await asyncio.to_thread(during)
+    results = await asyncio.gather(*tasks)
+    await client.close()
+    return results
+
+
+def _check(results, reference) -> None:
+    failed = [r for _, r in results if isinstance(r, str)]
+    assert not failed, failed[:3]
+    assert all(ids == reference[p] for p, ids in results), "outputs differ from target-only"
+
+
+def _pid(deployment: str, cwd: Path) -> int:
+    (pid,) = replica_pids(deployment, cwd)
+    return pid
+
+
+def test_deploy_from_another_folder_serves_exact(cluster, reference, tmp_path):
+    cli("serve", "deploy", str(app_yaml(tmp_path, "v1.yaml")), cwd=cluster)
+    took = wait_running(cluster)
+    print(f"\nserve deploy -> RUNNING: {took:.0f} s")
+    assert APP in cli("serve", "config", cwd=cluster)
+    results = asyncio.run(_streams(list(reference)[:4]))
+    _check(results, reference)
+
+
+def test_drafter_redeploy_under_16_streams_keeps_the_verifier(cluster, reference, tmp_path):
+    verifier_pid = _pid("Verifier", cluster)
+    drafter_before = _pid("Drafter", cluster)
+    v2 = app_yaml(tmp_path, "v2.yaml", drafter={"num_replicas": 2})
+    marks: dict[str, float] = {}
+
+    def redeploy() -> None:
+        marks["deploy"] = time.time()
+        cli("serve", "deploy", str(v2), cwd=cluster)
+
+    results = asyncio.run(_streams(list(reference), during=redeploy))
+    marks["streams_done"] = time.time()
+    _check(results, reference)
+    took = wait_running(cluster, replicas={"Drafter": 2})
+    assert _pid("Verifier", cluster) == verifier_pid, "a drafter-side redeploy restarted the verifier"
+    first = "kept" if drafter_before in replica_pids("Drafter", cluster) else "replaced"
+    print(f"\ndrafter redeploy under {NUM_STREAMS} streams: all exact; 2 drafters RUNNING "
+          f"{marks['streams_done'] - marks['deploy'] + took:.0f} s after the deploy; verifier pid {verifier_pid} "
+          f"kept; first drafter {first}")
+
+
+def test_target_model_redeploy_restarts_the_verifier(cluster, reference, tmp_path):
+    verifier_pid = _pid("Verifier", cluster)
+    target = tmp_path / "llama4-tiny-copy"
+    shutil.copytree(ROOT / "models" / "llama4-tiny", target)
+    v3 = app_yaml(tmp_path, "v3.yaml", verifier={"model": str(target)}, drafter={"num_replicas": 2})
+    start = time.time()
+    cli("serve", "deploy", str(v3), cwd=cluster)
+    down: list[float] = []  # when a health probe failed
+    while time.time() - start < 600:
+        try:
+            ok = get("/health", timeout=2)[0] == 200
+        except OSError:
+            ok = False
+        if not ok:
+            down.append(time.time())
+        pids = replica_pids("Verifier", cluster)
+        if ok and pids and verifier_pid not in pids:
+            break
+        time.sleep(0.5)
+    wait_running(cluster)
+    assert _pid("Verifier", cluster) != verifier_pid
+    results = asyncio.run(_streams(list(reference)[:4]))
+    _check(results, reference)  # same weights, another folder: the same outputs
+    print(f"\ntarget-model redeploy: new verifier serving {time.time() - start:.0f} s after the deploy; "
+          f"health probes failed for {(down[-1] - down[0]) if down else 0:.0f} s")
