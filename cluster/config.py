@@ -4,7 +4,7 @@
       verifier:    {model, served_model_name, tensor_parallel_size, max_model_len, engine_kwargs, num_replicas, ...}
       speculative_config: {method: eagle|eagle3, model, num_speculative_tokens, ...}   # vLLM's keys, as in the seeds
       drafter:     {num_cpus, num_gpus, resources, num_replicas | autoscaling_config, max_model_len}
-      ingress:     {api_key, num_replicas}
+      ingress:     {api_key, grpc: {enabled, allow_unauthenticated}, num_replicas}
 
 Errors name the field and the reason. Checks that need the checkpoints (tensor parallelism that does not divide
 the heads, a head made for another target) run when the model paths are local folders; hub ids are checked by
@@ -159,9 +159,30 @@ class DrafterConfig(_Strict):
         return self
 
 
+class GrpcConfig(_Strict):
+    """The app's gRPC service (``deploy/eagle_cluster.proto``). Serve's gRPC proxy, which a YAML's top-level
+    ``grpc_options`` starts, listens on all interfaces (``[::]:port``; Ray 2.60 has no host option for it), so
+    serving gRPC needs ``ingress.api_key``, or ``allow_unauthenticated: true`` to say that an open port is meant."""
+
+    enabled: bool = Field(False, description="answer gRPC calls; off: every call gets UNIMPLEMENTED")
+    allow_unauthenticated: bool = Field(
+        False, description="serve gRPC without ingress.api_key, to anyone who reaches the port (all interfaces)")
+
+
 class IngressConfig(_Strict):
-    api_key: str | None = Field(None, description="if set, HTTP needs 'Authorization: Bearer <key>', gRPC the same")
+    api_key: str | None = Field(
+        None, min_length=1, description="if set, HTTP needs 'Authorization: Bearer <key>', gRPC the same metadata")
+    grpc: GrpcConfig = Field(default_factory=GrpcConfig)
     num_replicas: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _grpc_needs_key(self) -> IngressConfig:
+        if self.grpc.enabled and self.api_key is None and not self.grpc.allow_unauthenticated:
+            raise ValueError(
+                "ingress.api_key: required when ingress.grpc.enabled is true: Serve's gRPC proxy listens on all "
+                "interfaces ([::]:port), so set an API key, or ingress.grpc.allow_unauthenticated: true to serve "
+                "gRPC to anyone who reaches the port")
+        return self
 
 
 class EagleClusterConfig(_Strict):

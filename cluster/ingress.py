@@ -23,6 +23,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
+from cluster.api_key import ApiKey
+
 logger = logging.getLogger(__name__)
 
 app = FastAPI(title="Eagle Cluster", description="Llama 4 with disaggregated EAGLE speculative decoding")
@@ -84,12 +86,13 @@ class Ingress:
 
         self.verifier = verifier
         self.config = EagleClusterConfig.model_validate(config)
-        self.api_key = self.config.ingress.api_key
+        self.api_key = ApiKey(self.config.ingress.api_key)
+        self.grpc_enabled = self.config.ingress.grpc.enabled
         self.model_name = self.config.verifier.name
 
     # --- HTTP ------------------------------------------------------------------------------------------------
     def _authorized(self, request: Request) -> bool:
-        return self.api_key is None or request.headers.get("authorization") == f"Bearer {self.api_key}"
+        return self.api_key.accepts(request.headers.get("authorization"))
 
     async def _relay(self, gen) -> Response:
         first = None
@@ -194,12 +197,14 @@ class Ingress:
     def _grpc_request(self, request, grpc_context) -> dict[str, Any]:
         import grpc
 
-        if self.api_key is not None:
-            meta = dict(grpc_context.invocation_metadata())
-            if meta.get("authorization") != f"Bearer {self.api_key}":
-                grpc_context.set_code(grpc.StatusCode.UNAUTHENTICATED)
-                grpc_context.set_details("missing or wrong API key")
-                raise BadRequest(401, "missing or wrong API key")
+        if not self.grpc_enabled:  # Serve's gRPC proxy is up for another app, or grpc_options went unnoticed
+            grpc_context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+            grpc_context.set_details("gRPC is not enabled for this application (ingress.grpc.enabled)")
+            raise BadRequest(501, "gRPC is not enabled")
+        if not self.api_key.accepts(dict(grpc_context.invocation_metadata()).get("authorization")):
+            grpc_context.set_code(grpc.StatusCode.UNAUTHENTICATED)
+            grpc_context.set_details("missing or wrong API key")
+            raise BadRequest(401, "missing or wrong API key")
         sampling: dict[str, Any] = {"max_tokens": request.max_tokens or 16, "temperature": request.temperature}
         if request.top_p:
             sampling["top_p"] = request.top_p

@@ -66,15 +66,20 @@ class _GrpcContext:
         self.details = details
 
 
+def _ingress(**ingress_cfg) -> Ingress:
+    cfg = copy.deepcopy(CFG)
+    cfg["ingress"] = ingress_cfg
+    ingress = Ingress.__new__(Ingress)
+    Ingress.__init__(ingress, verifier=None, config=cfg)
+    return ingress
+
+
 def test_api_key_on_http_and_grpc():
     import grpc
 
     from cluster.proto import eagle_cluster_pb2 as pb
 
-    cfg = copy.deepcopy(CFG)
-    cfg["ingress"] = {"api_key": "s3cret"}
-    ingress = Ingress.__new__(Ingress)
-    Ingress.__init__(ingress, verifier=None, config=cfg)
+    ingress = _ingress(api_key="s3cret", grpc={"enabled": True})
     resp = asyncio.run(ingress._openai(_Req({}), CompletionRequest, "completions"))
     assert resp.status_code == 401
     resp = asyncio.run(ingress._openai(_Req({"authorization": "Bearer wrong"}), CompletionRequest, "completions"))
@@ -83,9 +88,38 @@ def test_api_key_on_http_and_grpc():
     ctx = _GrpcContext([("authorization", "Bearer wrong")])
     reply = asyncio.run(ingress.Generate(pb.GenerateRequest(prompt="x"), ctx))
     assert ctx.code == grpc.StatusCode.UNAUTHENTICATED and reply.text == ""
+    ctx = _GrpcContext([("authorization", "Bearer s3cret")])
+    assert ingress._grpc_request(pb.GenerateRequest(prompt="x", max_tokens=3), ctx)["max_tokens"] == 3
+    assert ctx.code is None
+
+
+def test_grpc_off_unless_the_config_turns_it_on():
+    """Serve's gRPC proxy may be up (another app's YAML, a stray ``grpc_options``): this app answers nothing."""
+    import grpc
+
+    from cluster.proto import eagle_cluster_pb2 as pb
+
+    ingress = _ingress(api_key="s3cret")
+    ctx = _GrpcContext([("authorization", "Bearer s3cret")])
+    reply = asyncio.run(ingress.Generate(pb.GenerateRequest(prompt="x"), ctx))
+    assert ctx.code == grpc.StatusCode.UNIMPLEMENTED and "ingress.grpc.enabled" in ctx.details and reply.text == ""
+    ctx = _GrpcContext([])
+    assert asyncio.run(_drain(ingress.GenerateStream(pb.GenerateRequest(prompt="x"), ctx))) == []
+    assert ctx.code == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def _drain(agen) -> list:
+    return [x async for x in agen]
+
+
+def test_grpc_without_key_only_when_opted_in():
+    from cluster.proto import eagle_cluster_pb2 as pb
+
+    ingress = _ingress(grpc={"enabled": True, "allow_unauthenticated": True})
+    ctx = _GrpcContext([])
+    assert ingress._grpc_request(pb.GenerateRequest(prompt="x"), ctx) and ctx.code is None
 
 
 def test_no_api_key_means_open():
-    ingress = Ingress.__new__(Ingress)
-    Ingress.__init__(ingress, verifier=None, config=CFG)
+    ingress = _ingress()
     assert ingress._authorized(_Req({}))
