@@ -4,7 +4,7 @@
       verifier:    {model, served_model_name, tensor_parallel_size, max_model_len, engine_kwargs, num_replicas, ...}
       speculative_config: {method: eagle|eagle3, model, num_speculative_tokens, ...}   # vLLM's keys, as in the seeds
       drafter:     {num_cpus, num_gpus, resources, num_replicas | autoscaling_config, max_model_len}
-      ingress:     {api_key, grpc: {enabled, allow_unauthenticated}, num_replicas}
+      ingress:     {api_key, grpc: {enabled, allow_unauthenticated}, metrics_require_api_key, num_replicas}
 
 Errors name the field and the reason. Checks that need the checkpoints (tensor parallelism that does not divide
 the heads, a head made for another target) run when the model paths are local folders; hub ids are checked by
@@ -173,6 +173,7 @@ class IngressConfig(_Strict):
     api_key: str | None = Field(
         None, min_length=1, description="if set, HTTP needs 'Authorization: Bearer <key>', gRPC the same metadata")
     grpc: GrpcConfig = Field(default_factory=GrpcConfig)
+    metrics_require_api_key: bool = Field(False, description="/metrics needs the key too (else it is open, as /health)")
     num_replicas: int = Field(1, ge=1)
 
     @model_validator(mode="after")
@@ -182,6 +183,8 @@ class IngressConfig(_Strict):
                 "ingress.api_key: required when ingress.grpc.enabled is true: Serve's gRPC proxy listens on all "
                 "interfaces ([::]:port), so set an API key, or ingress.grpc.allow_unauthenticated: true to serve "
                 "gRPC to anyone who reaches the port")
+        if self.metrics_require_api_key and self.api_key is None:
+            raise ValueError("ingress.metrics_require_api_key: true needs ingress.api_key")
         return self
 
 

@@ -10,6 +10,12 @@ server-sent events. Client bytes are only ever parsed as JSON or protobuf, never
     POST /v1/completions       (stream: true -> SSE)
     POST /v1/chat/completions  (chat template from the tokenizer)
     GET  /metrics              Prometheus text: vLLM's metrics, vllm:spec_decode_* included
+    GET  /openapi.json, /docs, /redoc   FastAPI's; with an API key, /docs and /redoc are off (a browser page
+                               cannot send the key) and /openapi.json needs the key
+
+Serve builds the HTTP app per replica, after ``__init__`` (``serve.ingress()`` with no app, then
+``__serve_build_asgi_app__``), so that it follows the config: ``cluster.http_guard.HttpGuard`` in front of every
+route checks the API key (``/health`` is open, ``/metrics`` too unless ``ingress.metrics_require_api_key``).
 """
 
 from __future__ import annotations
@@ -24,10 +30,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from pydantic import ValidationError
 
 from cluster.api_key import ApiKey
+from cluster.http_guard import HttpGuard, error_body
 
 logger = logging.getLogger(__name__)
-
-app = FastAPI(title="Eagle Cluster", description="Llama 4 with disaggregated EAGLE speculative decoding")
 
 # Fields vLLM accepts but that this deployment does not serve (they would be silently ignored or need
 # features not enabled here): refused with 400 rather than dropped.
@@ -39,11 +44,6 @@ class BadRequest(Exception):
     def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
-
-
-def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 503: "ServiceUnavailable"}
-    return {"error": {"message": message, "type": kind.get(status, "Error"), "param": param, "code": status}}
 
 
 def parse_request(raw: bytes, model_cls: type) -> Any:
@@ -91,8 +91,19 @@ class Ingress:
         self.model_name = self.config.verifier.name
 
     # --- HTTP ------------------------------------------------------------------------------------------------
-    def _authorized(self, request: Request) -> bool:
-        return self.api_key.accepts(request.headers.get("authorization"))
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        """The HTTP app for this replica's config; Serve calls it once, after ``__init__``."""
+        keyed = self.api_key.required
+        app = FastAPI(title="Eagle Cluster", description="Llama 4 with disaggregated EAGLE speculative decoding",
+                      docs_url=None if keyed else "/docs", redoc_url=None if keyed else "/redoc")
+        app.add_api_route("/v1/completions", self.http_completions, methods=["POST"])
+        app.add_api_route("/v1/chat/completions", self.http_chat, methods=["POST"])
+        app.add_api_route("/v1/models", self.http_models, methods=["GET"])
+        app.add_api_route("/health", self.http_health, methods=["GET"])
+        app.add_api_route("/metrics", self.http_metrics, methods=["GET"])
+        open_paths = {"/health"} if self.config.ingress.metrics_require_api_key else {"/health", "/metrics"}
+        app.add_middleware(HttpGuard, api_key=self.api_key, open_paths=frozenset(open_paths))
+        return app
 
     async def _relay(self, gen) -> Response:
         first = None
@@ -119,8 +130,6 @@ class Ingress:
         return StreamingResponse(events(), media_type="text/event-stream")
 
     async def _openai(self, request: Request, model_cls: type, method: str) -> Response:
-        if not self._authorized(request):
-            return JSONResponse(error_body(401, "missing or wrong API key"), status_code=401)
         try:
             req = parse_request(await request.body(), model_cls)
         except BadRequest as e:
@@ -135,25 +144,19 @@ class Ingress:
             logger.warning("verifier call failed: %s", e)
             return JSONResponse(error_body(503, f"verifier unavailable: {type(e).__name__}"), status_code=503)
 
-    @app.post("/v1/completions")
     async def http_completions(self, request: Request) -> Response:
         from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
         return await self._openai(request, CompletionRequest, "completions")
 
-    @app.post("/v1/chat/completions")
     async def http_chat(self, request: Request) -> Response:
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
         return await self._openai(request, ChatCompletionRequest, "chat")
 
-    @app.get("/v1/models")
-    async def http_models(self, request: Request) -> Response:
-        if not self._authorized(request):
-            return JSONResponse(error_body(401, "missing or wrong API key"), status_code=401)
+    async def http_models(self) -> Response:
         return JSONResponse(await self.verifier.models.remote())
 
-    @app.get("/health")
     async def http_health(self) -> Response:
         try:
             await self.verifier.check_health.remote()
@@ -161,7 +164,6 @@ class Ingress:
             return JSONResponse({"status": "unhealthy", "reason": str(e)[:200]}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics")
     async def http_metrics(self) -> Response:
         return PlainTextResponse(await self.verifier.metrics.remote(), media_type="text/plain; version=0.0.4")
 

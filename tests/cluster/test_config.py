@@ -166,3 +166,11 @@ def test_test_servers_grpc_config_validates(tmp_path):
         cfg = EagleClusterConfig.model_validate(doc["applications"][0]["args"])
         assert cfg.ingress.grpc.enabled and doc["grpc_options"]["grpc_servicer_functions"]
         assert cfg.ingress.grpc.allow_unauthenticated == (ingress == {})
+
+
+def test_metrics_behind_a_key_needs_a_key():
+    args = copy.deepcopy(CPU)
+    args["ingress"] = {"metrics_require_api_key": True}
+    assert "ingress.metrics_require_api_key" in _error(args)
+    args["ingress"]["api_key"] = "k"
+    assert EagleClusterConfig.model_validate(args).ingress.metrics_require_api_key

@@ -1,4 +1,6 @@
-"""Ingress logic without Serve: request parsing (4xx with reasons) and the API key, on HTTP and gRPC."""
+"""Ingress logic without Serve: request parsing (4xx with reasons) and the API key, on HTTP and gRPC. HTTP goes
+through the app Serve would build (``Ingress.__serve_build_asgi_app__``) with starlette's ``TestClient``, in front
+of a fake verifier handle."""
 
 from __future__ import annotations
 
@@ -43,13 +45,36 @@ def test_parse_request_accepts_openai_body():
     assert req.max_tokens == 3
 
 
-class _Req:
-    def __init__(self, headers: dict[str, str], body: bytes = b"{}") -> None:
-        self.headers = headers
-        self._body = body
+class _Call:
+    def __init__(self, fn) -> None:
+        self.fn = fn
 
-    async def body(self) -> bytes:
-        return self._body
+    def remote(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+class FakeVerifier:
+    """What the ingress calls on the verifier deployment's handle, answering at once; counts completions calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def options(self, **_):
+        return self
+
+    async def _completions(self, req):
+        self.calls += 1
+        body = {"object": "text_completion", "model": "llama4-tiny", "choices": [{"index": 0, "text": "ok"}]}
+        yield "json", {"status": 200, "body": body}
+
+    async def _value(self, value):
+        return value
+
+    completions = property(lambda self: _Call(self._completions))
+    chat = completions
+    models = property(lambda self: _Call(lambda: self._value({"object": "list", "data": [{"id": "llama4-tiny"}]})))
+    check_health = property(lambda self: _Call(lambda: self._value(None)))
+    metrics = property(lambda self: _Call(lambda: self._value("vllm:spec_decode_num_drafts_total 1.0\n")))
 
 
 class _GrpcContext:
@@ -66,12 +91,23 @@ class _GrpcContext:
         self.details = details
 
 
-def _ingress(**ingress_cfg) -> Ingress:
+def _ingress(verifier=None, **ingress_cfg) -> Ingress:
     cfg = copy.deepcopy(CFG)
     cfg["ingress"] = ingress_cfg
     ingress = Ingress.__new__(Ingress)
-    Ingress.__init__(ingress, verifier=None, config=cfg)
+    Ingress.__init__(ingress, verifier=verifier, config=cfg)
     return ingress
+
+
+def _http(**ingress_cfg):
+    from starlette.testclient import TestClient
+
+    verifier = FakeVerifier()
+    return TestClient(_ingress(verifier, **ingress_cfg).__serve_build_asgi_app__()), verifier
+
+
+COMPLETION = {"prompt": "x", "max_tokens": 2}
+KEY = {"authorization": "Bearer s3cret"}
 
 
 def test_api_key_on_http_and_grpc():
@@ -79,12 +115,17 @@ def test_api_key_on_http_and_grpc():
 
     from cluster.proto import eagle_cluster_pb2 as pb
 
+    http, verifier = _http(api_key="s3cret", grpc={"enabled": True})
+    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "s3cret"}):
+        r = http.post("/v1/completions", json=COMPLETION, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "AuthenticationError"
+        assert http.post("/v1/chat/completions", json={}, headers=headers).status_code == 401
+        assert http.get("/v1/models", headers=headers).status_code == 401
+    assert verifier.calls == 0
+    r = http.post("/v1/completions", json=COMPLETION, headers=KEY)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "ok" and verifier.calls == 1
+    assert http.get("/v1/models", headers=KEY).json()["data"][0]["id"] == "llama4-tiny"
     ingress = _ingress(api_key="s3cret", grpc={"enabled": True})
-    resp = asyncio.run(ingress._openai(_Req({}), CompletionRequest, "completions"))
-    assert resp.status_code == 401
-    resp = asyncio.run(ingress._openai(_Req({"authorization": "Bearer wrong"}), CompletionRequest, "completions"))
-    assert resp.status_code == 401
-    assert ingress._authorized(_Req({"authorization": "Bearer s3cret"}))
     ctx = _GrpcContext([("authorization", "Bearer wrong")])
     reply = asyncio.run(ingress.Generate(pb.GenerateRequest(prompt="x"), ctx))
     assert ctx.code == grpc.StatusCode.UNAUTHENTICATED and reply.text == ""
@@ -121,5 +162,30 @@ def test_grpc_without_key_only_when_opted_in():
 
 
 def test_no_api_key_means_open():
-    ingress = _ingress()
-    assert ingress._authorized(_Req({}))
+    http, verifier = _http()
+    assert http.post("/v1/completions", json=COMPLETION).status_code == 200 and verifier.calls == 1
+    assert http.get("/v1/models").status_code == 200
+    assert http.get("/openapi.json").status_code == 200 and http.get("/docs").status_code == 200
+    assert http.get("/redoc").status_code == 200
+
+
+def test_docs_behind_the_key():
+    """/openapi.json lists every route: it needs the key; /docs and /redoc (browser pages, which cannot send the
+    key) are off when there is one."""
+    http, _ = _http(api_key="s3cret")
+    assert http.get("/openapi.json").status_code == 401
+    assert "/v1/completions" in http.get("/openapi.json", headers=KEY).json()["paths"]
+    for path in ("/docs", "/redoc"):
+        assert http.get(path).status_code == 401
+        assert http.get(path, headers=KEY).status_code == 404
+    assert http.get("/no-such-path").status_code == 401  # unknown paths say nothing without the key
+
+
+def test_health_open_metrics_behind_the_key_when_configured():
+    http, _ = _http(api_key="s3cret")
+    assert http.get("/health").status_code == 200 and http.get("/metrics").status_code == 200
+    http, _ = _http(api_key="s3cret", metrics_require_api_key=True)
+    assert http.get("/health").status_code == 200
+    assert http.get("/metrics").status_code == 401
+    r = http.get("/metrics", headers=KEY)
+    assert r.status_code == 200 and "vllm:spec_decode_num_drafts_total" in r.text
