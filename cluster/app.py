@@ -93,6 +93,6 @@ def build_app(args: dict[str, Any]) -> Application:
         name=INGRESS,
         num_replicas=cfg.ingress.num_replicas,
         ray_actor_options={"num_cpus": 0},
-        max_ongoing_requests=1000,
+        max_ongoing_requests=max(1000, 2 * cfg.ingress.max_inflight_requests),  # over it, Serve would queue
     ).bind(verifier, cfg.model_dump())
     return ingress

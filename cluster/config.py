@@ -4,7 +4,8 @@
       verifier:    {model, served_model_name, tensor_parallel_size, max_model_len, engine_kwargs, num_replicas, ...}
       speculative_config: {method: eagle|eagle3, model, num_speculative_tokens, ...}   # vLLM's keys, as in the seeds
       drafter:     {num_cpus, num_gpus, resources, num_replicas | autoscaling_config, max_model_len}
-      ingress:     {api_key, grpc: {enabled, allow_unauthenticated}, metrics_require_api_key, num_replicas}
+      ingress:     {api_key, grpc: {enabled, allow_unauthenticated}, metrics_require_api_key, max_body_bytes, max_n,
+                    max_inflight_requests, retry_after_s, num_replicas}
 
 Errors name the field and the reason. Checks that need the checkpoints (tensor parallelism that does not divide
 the heads, a head made for another target) run when the model paths are local folders; hub ids are checked by
@@ -174,6 +175,12 @@ class IngressConfig(_Strict):
         None, min_length=1, description="if set, HTTP needs 'Authorization: Bearer <key>', gRPC the same metadata")
     grpc: GrpcConfig = Field(default_factory=GrpcConfig)
     metrics_require_api_key: bool = Field(False, description="/metrics needs the key too (else it is open, as /health)")
+    max_body_bytes: int = Field(2 << 20, ge=1024, description="larger HTTP request bodies get 413")
+    max_n: int = Field(8, ge=1, description="a request asking for more completions (`n`) gets 400")
+    max_inflight_requests: int = Field(
+        256, ge=1, description="generation requests in flight per ingress replica (HTTP and gRPC); past it: HTTP 503 "
+        "with Retry-After, gRPC UNAVAILABLE")
+    retry_after_s: int = Field(1, ge=1, description="the Retry-After of those 503s")
     num_replicas: int = Field(1, ge=1)
 
     @model_validator(mode="after")

@@ -15,7 +15,9 @@ server-sent events. Client bytes are only ever parsed as JSON or protobuf, never
 
 Serve builds the HTTP app per replica, after ``__init__`` (``serve.ingress()`` with no app, then
 ``__serve_build_asgi_app__``), so that it follows the config: ``cluster.http_guard.HttpGuard`` in front of every
-route checks the API key (``/health`` is open, ``/metrics`` too unless ``ingress.metrics_require_api_key``).
+route checks the API key (``/health`` is open, ``/metrics`` too unless ``ingress.metrics_require_api_key``), the
+body size (413) and the generation requests in flight (503 with ``Retry-After``; gRPC shares the count and answers
+``UNAVAILABLE``); ``n`` over ``ingress.max_n`` is a 400.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
+from cluster.admission import InflightLimit, Overloaded
 from cluster.api_key import ApiKey
 from cluster.http_guard import HttpGuard, error_body
 
@@ -46,8 +49,9 @@ class BadRequest(Exception):
         self.status, self.message, self.param = status, message, param
 
 
-def parse_request(raw: bytes, model_cls: type) -> Any:
-    """JSON bytes -> a vLLM protocol object, or ``BadRequest`` naming the field and the reason."""
+def parse_request(raw: bytes, model_cls: type, max_n: int | None = None) -> Any:
+    """JSON bytes -> a vLLM protocol object, or ``BadRequest`` naming the field and the reason (``n`` over
+    ``max_n`` included)."""
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -60,6 +64,9 @@ def parse_request(raw: bytes, model_cls: type) -> Any:
             raise BadRequest(400, f"unknown field {key!r}", key)
         if key in UNSUPPORTED and body[key] not in (None, False, 0, 0.0, {}):
             raise BadRequest(400, f"field {key!r} is not supported by this deployment", key)
+    n = body.get("n")
+    if max_n is not None and isinstance(n, int) and not isinstance(n, bool) and n > max_n:
+        raise BadRequest(400, f"n: at most {max_n} completions per request here, got {n}", "n")
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
         raise BadRequest(400, f"max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens")
@@ -88,6 +95,7 @@ class Ingress:
         self.config = EagleClusterConfig.model_validate(config)
         self.api_key = ApiKey(self.config.ingress.api_key)
         self.grpc_enabled = self.config.ingress.grpc.enabled
+        self.inflight = InflightLimit(self.config.ingress.max_inflight_requests, self.config.ingress.retry_after_s)
         self.model_name = self.config.verifier.name
 
     # --- HTTP ------------------------------------------------------------------------------------------------
@@ -102,7 +110,9 @@ class Ingress:
         app.add_api_route("/health", self.http_health, methods=["GET"])
         app.add_api_route("/metrics", self.http_metrics, methods=["GET"])
         open_paths = {"/health"} if self.config.ingress.metrics_require_api_key else {"/health", "/metrics"}
-        app.add_middleware(HttpGuard, api_key=self.api_key, open_paths=frozenset(open_paths))
+        app.add_middleware(HttpGuard, api_key=self.api_key, open_paths=frozenset(open_paths),
+                           max_body_bytes=self.config.ingress.max_body_bytes, inflight=self.inflight,
+                           limited_paths=frozenset({"/v1/completions", "/v1/chat/completions"}))
         return app
 
     async def _relay(self, gen) -> Response:
@@ -131,7 +141,7 @@ class Ingress:
 
     async def _openai(self, request: Request, model_cls: type, method: str) -> Response:
         try:
-            req = parse_request(await request.body(), model_cls)
+            req = parse_request(await request.body(), model_cls, self.config.ingress.max_n)
         except BadRequest as e:
             return JSONResponse(error_body(e.status, e.message, e.param), status_code=e.status)
         if req.model not in (None, self.model_name):
@@ -227,8 +237,13 @@ class Ingress:
 
         try:
             sampling = self._grpc_request(request, grpc_context)
-            out = await self.generate(request.prompt, **sampling)
+            with self.inflight.admit():
+                out = await self.generate(request.prompt, **sampling)
         except BadRequest:
+            return pb.GenerateReply()
+        except Overloaded as e:
+            grpc_context.set_code(grpc.StatusCode.UNAVAILABLE)
+            grpc_context.set_details(str(e))
             return pb.GenerateReply()
         except ValueError as e:
             grpc_context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
@@ -248,11 +263,15 @@ class Ingress:
 
         try:
             sampling = self._grpc_request(request, grpc_context)
-            async for text, finish in self._stream(request.prompt, sampling):
-                if text or finish:
-                    yield pb.GenerateReply(text=text, finish_reason=finish)
+            with self.inflight.admit():
+                async for text, finish in self._stream(request.prompt, sampling):
+                    if text or finish:
+                        yield pb.GenerateReply(text=text, finish_reason=finish)
         except BadRequest:
             return
+        except Overloaded as e:
+            grpc_context.set_code(grpc.StatusCode.UNAVAILABLE)
+            grpc_context.set_details(str(e))
         except ValueError as e:
             grpc_context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
             grpc_context.set_details(str(e))

@@ -174,3 +174,10 @@ def test_metrics_behind_a_key_needs_a_key():
     assert "ingress.metrics_require_api_key" in _error(args)
     args["ingress"]["api_key"] = "k"
     assert EagleClusterConfig.model_validate(args).ingress.metrics_require_api_key
+
+
+@pytest.mark.parametrize("field", ["max_body_bytes", "max_n", "max_inflight_requests", "retry_after_s"])
+def test_admission_limits_name_the_field(field):
+    args = copy.deepcopy(CPU)
+    args["ingress"] = {field: 0}
+    assert f"ingress.{field}" in _error(args)

@@ -189,3 +189,95 @@ def test_health_open_metrics_behind_the_key_when_configured():
     assert http.get("/metrics").status_code == 401
     r = http.get("/metrics", headers=KEY)
     assert r.status_code == 200 and "vllm:spec_decode_num_drafts_total" in r.text
+
+
+def test_body_over_the_limit_is_413_before_the_verifier():
+    http, verifier = _http(max_body_bytes=1024)
+    big = json.dumps({"prompt": "x" * 2000, "max_tokens": 2}).encode()
+    r = http.post("/v1/completions", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "ingress.max_body_bytes" in r.json()["error"]["message"]
+    r = http.post("/v1/completions", content=iter([big[:600], big[600:]]))  # chunked: no Content-Length
+    assert r.status_code == 413 and "content-length" not in r.request.headers
+    assert verifier.calls == 0
+    small = json.dumps({"prompt": "x" * 900, "max_tokens": 2}).encode()
+    assert http.post("/v1/completions", content=iter([small[:500], small[500:]])).status_code == 200
+    assert http.post("/v1/completions", content=small).status_code == 200 and verifier.calls == 2
+
+
+def test_n_over_the_limit_is_400_naming_n():
+    http, verifier = _http(max_n=2)
+    r = http.post("/v1/completions", json={**COMPLETION, "n": 3})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n" and "at most 2" in r.json()["error"]["message"]
+    r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "n": 9})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+    assert verifier.calls == 0
+    assert http.post("/v1/completions", json={**COMPLETION, "n": 2}).status_code == 200
+
+
+class GatedVerifier(FakeVerifier):
+    """Completions wait for ``open()``: requests stay in flight for as long as the test wants."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def _completions(self, req):
+        self.calls += 1
+        await self.gate.wait()
+        async for item in super()._completions(req):
+            self.calls -= 1  # counted above already
+            yield item
+
+
+def test_overload_is_503_with_retry_after_not_a_queue():
+    import httpx
+
+    async def scenario() -> None:
+        verifier = GatedVerifier()
+        ingress = _ingress(verifier, max_inflight_requests=2, retry_after_s=3)
+        transport = httpx.ASGITransport(app=ingress.__serve_build_asgi_app__())
+        async with httpx.AsyncClient(transport=transport, base_url="http://ingress") as client:
+            held = [asyncio.create_task(client.post("/v1/completions", json=COMPLETION)) for _ in range(2)]
+            while verifier.calls < 2:
+                await asyncio.sleep(0)
+            third = asyncio.create_task(client.post("/v1/completions", json=COMPLETION))
+            while not third.done() and verifier.calls < 3:  # answered at once, or queued behind the gate
+                await asyncio.sleep(0)
+            assert third.done() and verifier.calls == 2
+            r = third.result()
+            assert r.status_code == 503 and r.headers["retry-after"] == "3"
+            assert "in flight" in r.json()["error"]["message"]
+            assert (await client.get("/health")).status_code == 200  # only generation requests are counted
+            verifier.gate.set()
+            assert [t.status_code for t in await asyncio.gather(*held)] == [200, 200]
+            assert ingress.inflight.inflight == 0
+            assert (await client.post("/v1/completions", json=COMPLETION)).status_code == 200
+
+    asyncio.run(scenario())
+
+
+def test_grpc_shares_the_inflight_limit():
+    import grpc
+
+    from cluster.proto import eagle_cluster_pb2 as pb
+
+    ingress = _ingress(FakeVerifier(), grpc={"enabled": True, "allow_unauthenticated": True}, max_inflight_requests=1)
+    with ingress.inflight.admit():  # one HTTP request in flight
+        ctx = _GrpcContext([])
+        asyncio.run(ingress.Generate(pb.GenerateRequest(prompt="x"), ctx))
+        assert ctx.code == grpc.StatusCode.UNAVAILABLE and "in flight" in ctx.details
+        ctx = _GrpcContext([])
+        assert asyncio.run(_drain(ingress.GenerateStream(pb.GenerateRequest(prompt="x"), ctx))) == []
+        assert ctx.code == grpc.StatusCode.UNAVAILABLE
+    assert ingress.inflight.inflight == 0
+
+
+def test_a_failing_request_gives_its_slot_back():
+    from cluster.admission import InflightLimit, Overloaded
+
+    limit = InflightLimit(1)
+    with pytest.raises(RuntimeError), limit.admit():
+        raise RuntimeError("verifier died")
+    with limit.admit(), pytest.raises(Overloaded), limit.admit():
+        pass
+    assert limit.inflight == 0
