@@ -102,7 +102,21 @@ class DraftStep:
         sub = DraftStep(self.step_id, self.num_speculative_tokens, seqs, self.input_ids[idx], [], self.hidden_dtype)
         return sub, idx
 
-    def validate(self, hidden_rows: int, hidden_width: int, expected_width: int) -> None:
+    def validate(self, hidden_rows: int, hidden_width: int, expected_width: int, vocab_size: int | None = None) -> None:
+        """A step fit to draft from, or ``ValueError`` saying what is wrong: the hidden rows match the tokens, the
+        slices tile the rows in order (each sequence once, >= 1 row, position >= 0), the input ids are integer
+        token ids of the vocabulary (``vocab_size``; the head's embedding is indexed with them)."""
+        if not isinstance(self.input_ids, np.ndarray) or self.input_ids.ndim != 1 or not np.issubdtype(
+                self.input_ids.dtype, np.integer):
+            raise ValueError(f"draft step: input_ids must be a 1-D integer array, got "
+                             f"{getattr(self.input_ids, 'dtype', type(self.input_ids).__name__)} "
+                             f"{list(getattr(self.input_ids, 'shape', []))}")
+        if self.input_ids.size and (int(self.input_ids.min()) < 0 or (
+                vocab_size is not None and int(self.input_ids.max()) >= vocab_size)):
+            raise ValueError(f"draft step: input ids in [{int(self.input_ids.min())}, {int(self.input_ids.max())}], "
+                             f"outside the vocabulary [0, {vocab_size})")
+        if len({s.req_id for s in self.seqs}) != len(self.seqs):
+            raise ValueError("draft step: a sequence appears twice")
         if hidden_rows != self.num_tokens:
             raise ValueError(f"draft step: {hidden_rows} hidden rows for {self.num_tokens} tokens")
         if hidden_width != expected_width:

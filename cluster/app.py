@@ -31,7 +31,7 @@ from ray.serve.config import RequestRouterConfig
 
 from cluster.config import EagleClusterConfig
 from cluster.drafter_server import DrafterServer
-from cluster.ingress import Ingress, app
+from cluster.ingress import Ingress
 from cluster.verifier_server import VerifierServer
 
 APP_NAME = "eagle-cluster"  # the name deploy/*.yaml gives the application
@@ -85,10 +85,10 @@ def build_app(args: dict[str, Any]) -> Application:
         max_ongoing_requests=max(64, 2 * v.max_num_seqs),
     ).bind(v.model_dump(), cfg.speculative_config.model_dump(), drafter)
 
-    ingress = serve.deployment(serve.ingress(app)(Ingress)).options(
+    ingress = serve.deployment(serve.ingress()(Ingress)).options(
         name=INGRESS,
         num_replicas=cfg.ingress.num_replicas,
         ray_actor_options={"num_cpus": 0},
-        max_ongoing_requests=1000,
+        max_ongoing_requests=max(1000, 2 * cfg.ingress.max_inflight_requests),  # over it, Serve would queue
     ).bind(verifier, cfg.ingress.model_dump(), v.name)
     return ingress

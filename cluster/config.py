@@ -4,7 +4,8 @@
       verifier:    {model, served_model_name, tensor_parallel_size, max_model_len, engine_kwargs, num_replicas, ...}
       speculative_config: {method: eagle|eagle3, model, num_speculative_tokens, ...}   # vLLM's keys, as in the seeds
       drafter:     {num_cpus, num_gpus, resources, num_replicas | autoscaling_config, max_model_len}
-      ingress:     {api_key, num_replicas}
+      ingress:     {api_key, grpc: {enabled, allow_unauthenticated}, metrics_require_api_key, max_body_bytes, max_n,
+                    max_inflight_requests, retry_after_s, num_replicas}
 
 Model paths: a relative path resolves against the current directory (a Serve ``runtime_env`` ``working_dir``
 when the YAML sets one), else against the project's folder (where ``models/`` ships), so a YAML means the same
@@ -183,9 +184,39 @@ class DrafterConfig(_Strict):
         return self
 
 
+class GrpcConfig(_Strict):
+    """The app's gRPC service (``deploy/eagle_cluster.proto``). Serve's gRPC proxy, which a YAML's top-level
+    ``grpc_options`` starts, listens on all interfaces (``[::]:port``; Ray 2.60 has no host option for it), so
+    serving gRPC needs ``ingress.api_key``, or ``allow_unauthenticated: true`` to say that an open port is meant."""
+
+    enabled: bool = Field(False, description="answer gRPC calls; off: every call gets UNIMPLEMENTED")
+    allow_unauthenticated: bool = Field(
+        False, description="serve gRPC without ingress.api_key, to anyone who reaches the port (all interfaces)")
+
+
 class IngressConfig(_Strict):
-    api_key: str | None = Field(None, description="if set, HTTP needs 'Authorization: Bearer <key>', gRPC the same")
+    api_key: str | None = Field(
+        None, min_length=1, description="if set, HTTP needs 'Authorization: Bearer <key>', gRPC the same metadata")
+    grpc: GrpcConfig = Field(default_factory=GrpcConfig)
+    metrics_require_api_key: bool = Field(False, description="/metrics needs the key too (else it is open, as /health)")
+    max_body_bytes: int = Field(2 << 20, ge=1024, description="larger HTTP request bodies get 413")
+    max_n: int = Field(8, ge=1, description="a request asking for more completions (`n`) gets 400")
+    max_inflight_requests: int = Field(
+        256, ge=1, description="generation requests in flight per ingress replica (HTTP and gRPC); past it: HTTP 503 "
+        "with Retry-After, gRPC UNAVAILABLE")
+    retry_after_s: int = Field(1, ge=1, description="the Retry-After of those 503s")
     num_replicas: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _grpc_needs_key(self) -> IngressConfig:
+        if self.grpc.enabled and self.api_key is None and not self.grpc.allow_unauthenticated:
+            raise ValueError(
+                "ingress.api_key: required when ingress.grpc.enabled is true: Serve's gRPC proxy listens on all "
+                "interfaces ([::]:port), so set an API key, or ingress.grpc.allow_unauthenticated: true to serve "
+                "gRPC to anyone who reaches the port")
+        if self.metrics_require_api_key and self.api_key is None:
+            raise ValueError("ingress.metrics_require_api_key: true needs ingress.api_key")
+        return self
 
 
 class EagleClusterConfig(_Strict):

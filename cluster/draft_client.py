@@ -30,10 +30,10 @@ MAX_BLOCKING_ATTACHES = 8  # attach calls when the client knows no drafter (it l
 
 class ServeDraftClient(DraftClient):
     def __init__(self, app_name: str, deployment_name: str, timeout_s: float = 10.0, new_group_size: int = 4,
-                 discover_period_s: float = 1.0) -> None:
+                 discover_period_s: float = 1.0, vocab_size: int | None = None) -> None:
         from ray import serve
 
-        super().__init__(timeout_s=timeout_s, new_group_size=new_group_size)
+        super().__init__(timeout_s=timeout_s, new_group_size=new_group_size, vocab_size=vocab_size)
         self.handle = serve.get_deployment_handle(deployment_name, app_name=app_name)
         self.discover_period_s = discover_period_s
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter-discovery")

@@ -10,6 +10,14 @@ server-sent events. Client bytes are only ever parsed as JSON or protobuf, never
     POST /v1/completions       (stream: true -> SSE)
     POST /v1/chat/completions  (chat template from the tokenizer)
     GET  /metrics              Prometheus text: vLLM's metrics, vllm:spec_decode_* included
+    GET  /openapi.json, /docs, /redoc   FastAPI's; with an API key, /docs and /redoc are off (a browser page
+                               cannot send the key) and /openapi.json needs the key
+
+Serve builds the HTTP app per replica, after ``__init__`` (``serve.ingress()`` with no app, then
+``__serve_build_asgi_app__``), so that it follows the config: ``cluster.http_guard.HttpGuard`` in front of every
+route checks the API key (``/health`` is open, ``/metrics`` too unless ``ingress.metrics_require_api_key``), the
+body size (413) and the generation requests in flight (503 with ``Retry-After``; gRPC shares the count and answers
+``UNAVAILABLE``); ``n`` over ``ingress.max_n`` is a 400.
 """
 
 from __future__ import annotations
@@ -23,9 +31,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-logger = logging.getLogger(__name__)
+from cluster.admission import InflightLimit, Overloaded
+from cluster.api_key import ApiKey
+from cluster.http_guard import HttpGuard, error_body
 
-app = FastAPI(title="Eagle Cluster", description="Llama 4 with disaggregated EAGLE speculative decoding")
+logger = logging.getLogger(__name__)
 
 # Fields vLLM accepts but that this deployment does not serve (they would be silently ignored or need
 # features not enabled here): refused with 400 rather than dropped.
@@ -39,13 +49,9 @@ class BadRequest(Exception):
         self.status, self.message, self.param = status, message, param
 
 
-def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 503: "ServiceUnavailable"}
-    return {"error": {"message": message, "type": kind.get(status, "Error"), "param": param, "code": status}}
-
-
-def parse_request(raw: bytes, model_cls: type) -> Any:
-    """JSON bytes -> a vLLM protocol object, or ``BadRequest`` naming the field and the reason."""
+def parse_request(raw: bytes, model_cls: type, max_n: int | None = None) -> Any:
+    """JSON bytes -> a vLLM protocol object, or ``BadRequest`` naming the field and the reason (``n`` over
+    ``max_n`` included)."""
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -58,6 +64,9 @@ def parse_request(raw: bytes, model_cls: type) -> Any:
             raise BadRequest(400, f"unknown field {key!r}", key)
         if key in UNSUPPORTED and body[key] not in (None, False, 0, 0.0, {}):
             raise BadRequest(400, f"field {key!r} is not supported by this deployment", key)
+    n = body.get("n")
+    if max_n is not None and isinstance(n, int) and not isinstance(n, bool) and n > max_n:
+        raise BadRequest(400, f"n: at most {max_n} completions per request here, got {n}", "n")
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
         raise BadRequest(400, f"max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens")
@@ -85,12 +94,27 @@ class Ingress:
 
         self.verifier = verifier
         self.config = IngressConfig.model_validate(ingress)
-        self.api_key = self.config.api_key
+        self.api_key = ApiKey(self.config.api_key)
+        self.grpc_enabled = self.config.grpc.enabled
+        self.inflight = InflightLimit(self.config.max_inflight_requests, self.config.retry_after_s)
         self.model_name = model_name
 
     # --- HTTP ------------------------------------------------------------------------------------------------
-    def _authorized(self, request: Request) -> bool:
-        return self.api_key is None or request.headers.get("authorization") == f"Bearer {self.api_key}"
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        """The HTTP app for this replica's config; Serve calls it once, after ``__init__``."""
+        keyed = self.api_key.required
+        app = FastAPI(title="Eagle Cluster", description="Llama 4 with disaggregated EAGLE speculative decoding",
+                      docs_url=None if keyed else "/docs", redoc_url=None if keyed else "/redoc")
+        app.add_api_route("/v1/completions", self.http_completions, methods=["POST"])
+        app.add_api_route("/v1/chat/completions", self.http_chat, methods=["POST"])
+        app.add_api_route("/v1/models", self.http_models, methods=["GET"])
+        app.add_api_route("/health", self.http_health, methods=["GET"])
+        app.add_api_route("/metrics", self.http_metrics, methods=["GET"])
+        open_paths = {"/health"} if self.config.metrics_require_api_key else {"/health", "/metrics"}
+        app.add_middleware(HttpGuard, api_key=self.api_key, open_paths=frozenset(open_paths),
+                           max_body_bytes=self.config.max_body_bytes, inflight=self.inflight,
+                           limited_paths=frozenset({"/v1/completions", "/v1/chat/completions"}))
+        return app
 
     async def _relay(self, gen) -> Response:
         first = None
@@ -117,10 +141,8 @@ class Ingress:
         return StreamingResponse(events(), media_type="text/event-stream")
 
     async def _openai(self, request: Request, model_cls: type, method: str) -> Response:
-        if not self._authorized(request):
-            return JSONResponse(error_body(401, "missing or wrong API key"), status_code=401)
         try:
-            req = parse_request(await request.body(), model_cls)
+            req = parse_request(await request.body(), model_cls, self.config.max_n)
         except BadRequest as e:
             return JSONResponse(error_body(e.status, e.message, e.param), status_code=e.status)
         if req.model not in (None, self.model_name):
@@ -133,25 +155,19 @@ class Ingress:
             logger.warning("verifier call failed: %s", e)
             return JSONResponse(error_body(503, f"verifier unavailable: {type(e).__name__}"), status_code=503)
 
-    @app.post("/v1/completions")
     async def http_completions(self, request: Request) -> Response:
         from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
         return await self._openai(request, CompletionRequest, "completions")
 
-    @app.post("/v1/chat/completions")
     async def http_chat(self, request: Request) -> Response:
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
         return await self._openai(request, ChatCompletionRequest, "chat")
 
-    @app.get("/v1/models")
-    async def http_models(self, request: Request) -> Response:
-        if not self._authorized(request):
-            return JSONResponse(error_body(401, "missing or wrong API key"), status_code=401)
+    async def http_models(self) -> Response:
         return JSONResponse(await self.verifier.models.remote())
 
-    @app.get("/health")
     async def http_health(self) -> Response:
         try:
             await self.verifier.check_health.remote()
@@ -159,7 +175,6 @@ class Ingress:
             return JSONResponse({"status": "unhealthy", "reason": str(e)[:200]}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics")
     async def http_metrics(self) -> Response:
         return PlainTextResponse(await self.verifier.metrics.remote(), media_type="text/plain; version=0.0.4")
 
@@ -195,12 +210,14 @@ class Ingress:
     def _grpc_request(self, request, grpc_context) -> dict[str, Any]:
         import grpc
 
-        if self.api_key is not None:
-            meta = dict(grpc_context.invocation_metadata())
-            if meta.get("authorization") != f"Bearer {self.api_key}":
-                grpc_context.set_code(grpc.StatusCode.UNAUTHENTICATED)
-                grpc_context.set_details("missing or wrong API key")
-                raise BadRequest(401, "missing or wrong API key")
+        if not self.grpc_enabled:  # Serve's gRPC proxy is up for another app, or grpc_options went unnoticed
+            grpc_context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+            grpc_context.set_details("gRPC is not enabled for this application (ingress.grpc.enabled)")
+            raise BadRequest(501, "gRPC is not enabled")
+        if not self.api_key.accepts(dict(grpc_context.invocation_metadata()).get("authorization")):
+            grpc_context.set_code(grpc.StatusCode.UNAUTHENTICATED)
+            grpc_context.set_details("missing or wrong API key")
+            raise BadRequest(401, "missing or wrong API key")
         sampling: dict[str, Any] = {"max_tokens": request.max_tokens or 16, "temperature": request.temperature}
         if request.top_p:
             sampling["top_p"] = request.top_p
@@ -221,8 +238,13 @@ class Ingress:
 
         try:
             sampling = self._grpc_request(request, grpc_context)
-            out = await self.generate(request.prompt, **sampling)
+            with self.inflight.admit():
+                out = await self.generate(request.prompt, **sampling)
         except BadRequest:
+            return pb.GenerateReply()
+        except Overloaded as e:
+            grpc_context.set_code(grpc.StatusCode.UNAVAILABLE)
+            grpc_context.set_details(str(e))
             return pb.GenerateReply()
         except ValueError as e:
             grpc_context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
@@ -242,11 +264,15 @@ class Ingress:
 
         try:
             sampling = self._grpc_request(request, grpc_context)
-            async for text, finish in self._stream(request.prompt, sampling):
-                if text or finish:
-                    yield pb.GenerateReply(text=text, finish_reason=finish)
+            with self.inflight.admit():
+                async for text, finish in self._stream(request.prompt, sampling):
+                    if text or finish:
+                        yield pb.GenerateReply(text=text, finish_reason=finish)
         except BadRequest:
             return
+        except Overloaded as e:
+            grpc_context.set_code(grpc.StatusCode.UNAVAILABLE)
+            grpc_context.set_details(str(e))
         except ValueError as e:
             grpc_context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
             grpc_context.set_details(str(e))

@@ -21,6 +21,7 @@ ISOLATED = [
     "tests/actors/test_remote_verifier.py",
     "tests/actors/test_vllm_checkpoints.py",
     "tests/cluster/test_serve_app.py",
+    "tests/cluster/test_ingress_serve.py",
     "tests/cluster/test_drafter_pool.py",
     "tests/cluster/test_multinode.py",
 ]

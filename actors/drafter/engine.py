@@ -271,7 +271,7 @@ class DrafterEngine:
         num_seqs = len(step.seqs)
         if num_seqs == 0:
             return Proposal(torch.zeros(0, k, dtype=torch.long))
-        step.validate(hidden.shape[0], hidden.shape[1], self.spec.fused_hidden_size)
+        step.validate(hidden.shape[0], hidden.shape[1], self.spec.fused_hidden_size, self.spec.vocab_size)
         if self.branch_config is None or k == 0:
             chain, cold = self._context(step, hidden)
             self._draft(chain, k)

@@ -17,9 +17,11 @@ One step, for each home's share of the batch (``DraftStep.select``):
    ``SeqRole.CONTEXT``, like prompt steps: their drafter drafts their next step from the context.
 
 So a step whose sequences all (or mostly) hit never blocks on a drafter: the drafter folds the real hidden
-states in and drafts the next branches while the verifier verifies. A drafter whose call fails or times out is
-dropped: its sequences get placeholder drafts for the step (vLLM rejects them; the output does not change) and move to
-another drafter at the next step (*re-homed*; their new drafter masks the context it never saw).
+states in and drafts the next branches while the verifier verifies. A drafter whose call fails or times out, or
+whose answer does not hold up (``check_drafts``, ``check_table``: integer token ids of the target's vocabulary, in
+the shape asked for; vLLM would index its logits with them), is dropped: its sequences get placeholder drafts for
+the step (vLLM rejects them; the output does not change) and move to another drafter at the next step
+(*re-homed*; their new drafter masks the context it never saw).
 
 Where drafters come from is the subclass's business (``_discover``): ``ActorDraftClient`` has one named actor;
 ``cluster.draft_client.ServeDraftClient`` finds the drafter replicas of a Ray Serve deployment. A client is named
@@ -87,6 +89,34 @@ def hidden_to_numpy(hidden: torch.Tensor) -> tuple[np.ndarray, str]:
     return hidden.float().contiguous().cpu().numpy(), "float32"
 
 
+class BadDrafts(ValueError):
+    """A drafter's answer that the verifier must not use: the drafter is treated as failed."""
+
+
+def check_drafts(drafts: Any, rows: int, k: int, vocab_size: int | None) -> np.ndarray:
+    """A drafter's ``[rows, k]`` draft token ids, checked: an integer array of that shape, every id in
+    ``[0, vocab_size)`` (``vocab_size`` None: only ``>= 0``). Else ``BadDrafts`` saying what is wrong."""
+    if not isinstance(drafts, np.ndarray) or not np.issubdtype(drafts.dtype, np.integer):
+        raise BadDrafts(f"drafts are {type(drafts).__name__} of {getattr(drafts, 'dtype', '?')}, not integer ids")
+    if drafts.shape != (rows, k):
+        raise BadDrafts(f"drafts of shape {list(drafts.shape)} for [{rows}, {k}]")
+    if drafts.size and (int(drafts.min()) < 0 or (vocab_size is not None and int(drafts.max()) >= vocab_size)):
+        raise BadDrafts(f"draft token ids in [{int(drafts.min())}, {int(drafts.max())}], outside the target's "
+                        f"vocabulary [0, {vocab_size})")
+    return drafts
+
+
+def check_table(table: BranchTable, vocab_size: int | None) -> BranchTable:
+    """A drafter's branch table, checked as ``check_drafts`` checks drafts: every branch's ids in the vocabulary
+    (a branch shorter or longer than a step's k is only a miss, ``DraftClient.propose``)."""
+    for rid, entry in table.entries.items():
+        for (a, y), drafts in entry.drafts.items():
+            if a < 0 or not drafts:
+                raise BadDrafts(f"branch table for {rid!r}: branch {(a, y)} with {len(drafts)} drafts")
+            check_drafts(np.asarray([drafts], np.int64), 1, len(drafts), vocab_size)
+    return table
+
+
 def plan_groups(req_ids: list[str], home: dict[str, str]) -> list[tuple[str, list[int]]]:
     """[(home, sequence indices)], one group per home, in order of first appearance; sequences without a home
     are left out (they get placeholder drafts).
@@ -102,14 +132,18 @@ def plan_groups(req_ids: list[str], home: dict[str, str]) -> list[tuple[str, lis
 class DraftClient:
     """The pipelined client over a set of drafter links (see the module docstring). Subclasses find drafters."""
 
-    def __init__(self, timeout_s: float = 10.0, new_group_size: int = 4, wait_for_misses: float = 0.5) -> None:
-        """``wait_for_misses``: wait for drafts made on demand when more than this share of a step's sequences
+    def __init__(self, timeout_s: float = 10.0, new_group_size: int = 4, wait_for_misses: float = 0.5,
+                 vocab_size: int | None = None) -> None:
+        """``vocab_size``: the target's; drafts outside it make their drafter a failed one.
+
+        ``wait_for_misses``: wait for drafts made on demand when more than this share of a step's sequences
         missed their branch table (else those get placeholder drafts for the step). Waiting W ms for a step of
         T ms gains (MAL - 1) tokens per missed sequence; it pays while the missed share exceeds
         MAL * W / ((MAL - 1) * (T + W)): about 0.5 with MAL 2.3 and W / (T + W) 0.3, as measured here."""
         self.timeout_s = timeout_s
         self.new_group_size = new_group_size  # new sequences placed together on one drafter
         self.wait_for_misses = wait_for_misses
+        self.vocab_size = vocab_size
         self.links: dict[str, DrafterLink] = {}
         self.home: dict[str, str] = {}  # req_id -> drafter id
         self.lost: dict[str, str] = {}  # req_id -> the home it lost (its drafter failed), until re-homed
@@ -171,6 +205,7 @@ class DraftClient:
             return {}
         ref, link.branches_ref = link.branches_ref, None
         table = BranchTable.unpack(ray.get(ref, timeout=max(0.0, deadline - time.perf_counter())))
+        check_table(table, self.vocab_size)
         link.report(table.active_sequences)
         return table.entries
 
@@ -277,6 +312,7 @@ class DraftClient:
                 r = DraftResult.unpack(ray.get(ref, timeout=max(0.0, deadline - time.perf_counter())))
                 if r.status is not DraftStatus.OK:
                     raise RuntimeError(r.error or "drafter failed")
+                check_drafts(r.draft_token_ids, len(idx), k, self.vocab_size)
             except Exception as e:  # placeholders for these sequences; re-homed next step
                 errors.append(f"{len(idx)} sequences: {type(e).__name__}: {str(e)[:200]}")
                 self._drop(link, [req_ids[i] for i in idx], str(e)[:200])

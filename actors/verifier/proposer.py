@@ -31,7 +31,7 @@ from vllm.v1.spec_decode.eagle import EagleProposer
 
 from actors.messages import DraftStatus, DraftStep, SeqRole, SeqSlice
 from actors.metrics import SpecDecodeStats
-from actors.verifier.client import DraftClient
+from actors.verifier.client import DraftClient, check_drafts
 
 logger = logging.getLogger(__name__)
 MAX_PER_REQUEST = 4096
@@ -172,7 +172,10 @@ class RemoteEagleProposer(EagleProposer):
             if result.status is DraftStatus.PARTIAL:  # some sequences got placeholders; the rest drafted
                 self.state.failures += 1
                 logger.warning("drafter failed for part of step %d (%s)", step.step_id, result.error)
-            drafts = torch.from_numpy(np.array(result.draft_token_ids, dtype=np.int64)).to(placeholder.device)
+            # Whatever client is configured, vLLM gets [batch_size, k] ids of its vocabulary or placeholders.
+            checked = check_drafts(np.asarray(result.draft_token_ids), batch_size, k,
+                                   getattr(self.client, "vocab_size", None))
+            drafts = torch.from_numpy(checked.astype(np.int64)).to(placeholder.device)
             self._record_hits(seqs, result.branch_lookups, result.hit_rows)
             self._set_source(seqs, result.placeholder_rows, "placeholder")
         except Exception as e:  # a drafter that errors or dies never fails a request

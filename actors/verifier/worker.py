@@ -105,6 +105,7 @@ class RemoteDraftWorker(_PlatformWorker):
         client = None
         if is_driver:
             spec = dict(cfg.get("draft_client", {}))
+            spec.setdefault("vocab_size", self.vllm_config.model_config.get_vocab_size())  # drafts are checked
             _ensure_ray(cfg.get("ray_address"), spec.get("namespace"))
             client = build_client(spec)
         runner.drafter = RemoteEagleProposer(self.vllm_config, self.device, runner, client, is_driver)

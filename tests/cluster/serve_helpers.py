@@ -21,6 +21,7 @@ from benchmarks.serving_compare import stop
 from tests.conftest import ROOT
 
 HTTP = "http://127.0.0.1:8000"
+GRPC = "127.0.0.1:9000"  # Serve's gRPC proxy listens on all interfaces; the tests call it on loopback
 MODEL = "llama4-tiny"
 APP = "eagle-cluster"
 
@@ -48,16 +49,22 @@ def post(path: str, body: bytes, headers: dict | None = None, timeout: float = 6
         return status, {"raw": raw.decode(errors="replace")[:2000]}
 
 
-def cpu_config(tmp: Path, grpc: bool = True, **args: Any) -> Path:
-    """``deploy/cpu.yaml`` with its ``args`` sections updated (``drafter={...}`` merges into ``drafter``)."""
+def cpu_config(tmp: Path, grpc: bool = False, **args: Any) -> Path:
+    """``deploy/cpu.yaml`` with its ``args`` sections updated (``drafter={...}`` merges into ``drafter``).
+
+    ``grpc=True`` adds Serve's gRPC proxy on ``GRPC`` and turns the app's gRPC on, without a key unless ``ingress``
+    sets one (``allow_unauthenticated``: a test server, up for minutes on a CI machine)."""
     doc = yaml.safe_load((ROOT / "deploy" / "cpu.yaml").read_text())
     app_args = doc["applications"][0]["args"]
+    if grpc:
+        doc["grpc_options"] = {"port": int(GRPC.rsplit(":", 1)[1]), "grpc_servicer_functions": [
+            "cluster.proto.eagle_cluster_pb2_grpc.add_EagleClusterServicer_to_server"]}
+        keyless = "api_key" not in args.get("ingress", {})
+        app_args["ingress"]["grpc"] = {"enabled": True, "allow_unauthenticated": keyless}
     for section, values in args.items():
         app_args.setdefault(section, {}).update(values)
     for section in ("verifier", "speculative_config"):
         app_args[section]["model"] = str(ROOT / app_args[section]["model"])
-    if not grpc:
-        doc.pop("grpc_options", None)
     path = tmp / "app.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path

@@ -146,3 +146,52 @@ def test_model_paths_resolve_wherever_ray_started(monkeypatch, tmp_path):
     assert cfg.verifier.model == str(tmp_path / "models" / "llama4-tiny")  # a runtime_env working_dir wins
     hub = EagleClusterConfig.model_validate({**CPU, "verifier": {"model": "meta-llama/Llama-4-Scout-17B-16E"}})
     assert hub.verifier.model == "meta-llama/Llama-4-Scout-17B-16E"
+
+
+def test_grpc_needs_a_key_or_an_explicit_opt_in():
+    """Serve's gRPC proxy listens on all interfaces: gRPC without a key is refused unless asked for by name."""
+    args = copy.deepcopy(CPU)
+    args["ingress"] = {"grpc": {"enabled": True}}
+    msg = _error(args)
+    assert "ingress.api_key" in msg and "allow_unauthenticated" in msg
+    args["ingress"] = {"grpc": {"enabled": True}, "api_key": "k"}
+    assert EagleClusterConfig.model_validate(args).ingress.grpc.enabled
+    args["ingress"] = {"grpc": {"enabled": True, "allow_unauthenticated": True}}
+    assert EagleClusterConfig.model_validate(args).ingress.api_key is None
+    args["ingress"] = {"api_key": ""}
+    assert "ingress.api_key" in _error(args)
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
+def test_a_yaml_starts_grpc_only_for_an_app_that_serves_it(path, monkeypatch):
+    """A YAML with Serve's ``grpc_options`` opens a port on all interfaces: its app must turn gRPC on (and so have
+    a key or the opt-in); one without must not claim gRPC."""
+    monkeypatch.chdir(ROOT)
+    doc = yaml.safe_load(path.read_text())
+    serves_grpc = bool((doc.get("grpc_options") or {}).get("grpc_servicer_functions"))
+    assert EagleClusterConfig.model_validate(app_args(path)).ingress.grpc.enabled == serves_grpc
+
+
+def test_test_servers_grpc_config_validates(tmp_path):
+    from tests.cluster.serve_helpers import cpu_config
+
+    for ingress in ({}, {"api_key": "k"}):
+        doc = yaml.safe_load(cpu_config(tmp_path, grpc=True, ingress=ingress).read_text())
+        cfg = EagleClusterConfig.model_validate(doc["applications"][0]["args"])
+        assert cfg.ingress.grpc.enabled and doc["grpc_options"]["grpc_servicer_functions"]
+        assert cfg.ingress.grpc.allow_unauthenticated == (ingress == {})
+
+
+def test_metrics_behind_a_key_needs_a_key():
+    args = copy.deepcopy(CPU)
+    args["ingress"] = {"metrics_require_api_key": True}
+    assert "ingress.metrics_require_api_key" in _error(args)
+    args["ingress"]["api_key"] = "k"
+    assert EagleClusterConfig.model_validate(args).ingress.metrics_require_api_key
+
+
+@pytest.mark.parametrize("field", ["max_body_bytes", "max_n", "max_inflight_requests", "retry_after_s"])
+def test_admission_limits_name_the_field(field):
+    args = copy.deepcopy(CPU)
+    args["ingress"] = {field: 0}
+    assert f"ingress.{field}" in _error(args)

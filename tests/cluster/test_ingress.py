@@ -1,9 +1,10 @@
-"""Ingress logic without Serve: request parsing (4xx with reasons) and the API key, on HTTP and gRPC."""
+"""Ingress logic without Serve: request parsing (4xx with reasons) and the API key, on HTTP and gRPC. HTTP goes
+through the app Serve would build (``Ingress.__serve_build_asgi_app__``) with starlette's ``TestClient``, in front
+of a fake verifier handle."""
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 
 import pytest
@@ -43,13 +44,36 @@ def test_parse_request_accepts_openai_body():
     assert req.max_tokens == 3
 
 
-class _Req:
-    def __init__(self, headers: dict[str, str], body: bytes = b"{}") -> None:
-        self.headers = headers
-        self._body = body
+class _Call:
+    def __init__(self, fn) -> None:
+        self.fn = fn
 
-    async def body(self) -> bytes:
-        return self._body
+    def remote(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+class FakeVerifier:
+    """What the ingress calls on the verifier deployment's handle, answering at once; counts completions calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def options(self, **_):
+        return self
+
+    async def _completions(self, req):
+        self.calls += 1
+        body = {"object": "text_completion", "model": "llama4-tiny", "choices": [{"index": 0, "text": "ok"}]}
+        yield "json", {"status": 200, "body": body}
+
+    async def _value(self, value):
+        return value
+
+    completions = property(lambda self: _Call(self._completions))
+    chat = completions
+    models = property(lambda self: _Call(lambda: self._value({"object": "list", "data": [{"id": "llama4-tiny"}]})))
+    check_health = property(lambda self: _Call(lambda: self._value(None)))
+    metrics = property(lambda self: _Call(lambda: self._value("vllm:spec_decode_num_drafts_total 1.0\n")))
 
 
 class _GrpcContext:
@@ -66,26 +90,191 @@ class _GrpcContext:
         self.details = details
 
 
+def _ingress(verifier=None, **ingress_cfg) -> Ingress:
+    ingress = Ingress.__new__(Ingress)
+    Ingress.__init__(ingress, verifier=verifier, ingress=ingress_cfg, model_name="llama4-tiny")
+    return ingress
+
+
+def _http(**ingress_cfg):
+    from starlette.testclient import TestClient
+
+    verifier = FakeVerifier()
+    return TestClient(_ingress(verifier, **ingress_cfg).__serve_build_asgi_app__()), verifier
+
+
+COMPLETION = {"prompt": "x", "max_tokens": 2}
+KEY = {"authorization": "Bearer s3cret"}
+
+
 def test_api_key_on_http_and_grpc():
     import grpc
 
     from cluster.proto import eagle_cluster_pb2 as pb
 
-    cfg = copy.deepcopy(CFG)
-    cfg["ingress"] = {"api_key": "s3cret"}
-    ingress = Ingress.__new__(Ingress)
-    Ingress.__init__(ingress, verifier=None, ingress=cfg["ingress"], model_name="llama4-tiny")
-    resp = asyncio.run(ingress._openai(_Req({}), CompletionRequest, "completions"))
-    assert resp.status_code == 401
-    resp = asyncio.run(ingress._openai(_Req({"authorization": "Bearer wrong"}), CompletionRequest, "completions"))
-    assert resp.status_code == 401
-    assert ingress._authorized(_Req({"authorization": "Bearer s3cret"}))
+    http, verifier = _http(api_key="s3cret", grpc={"enabled": True})
+    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "s3cret"}):
+        r = http.post("/v1/completions", json=COMPLETION, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "AuthenticationError"
+        assert http.post("/v1/chat/completions", json={}, headers=headers).status_code == 401
+        assert http.get("/v1/models", headers=headers).status_code == 401
+    assert verifier.calls == 0
+    r = http.post("/v1/completions", json=COMPLETION, headers=KEY)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "ok" and verifier.calls == 1
+    assert http.get("/v1/models", headers=KEY).json()["data"][0]["id"] == "llama4-tiny"
+    ingress = _ingress(api_key="s3cret", grpc={"enabled": True})
     ctx = _GrpcContext([("authorization", "Bearer wrong")])
     reply = asyncio.run(ingress.Generate(pb.GenerateRequest(prompt="x"), ctx))
     assert ctx.code == grpc.StatusCode.UNAUTHENTICATED and reply.text == ""
+    ctx = _GrpcContext([("authorization", "Bearer s3cret")])
+    assert ingress._grpc_request(pb.GenerateRequest(prompt="x", max_tokens=3), ctx)["max_tokens"] == 3
+    assert ctx.code is None
+
+
+def test_grpc_off_unless_the_config_turns_it_on():
+    """Serve's gRPC proxy may be up (another app's YAML, a stray ``grpc_options``): this app answers nothing."""
+    import grpc
+
+    from cluster.proto import eagle_cluster_pb2 as pb
+
+    ingress = _ingress(api_key="s3cret")
+    ctx = _GrpcContext([("authorization", "Bearer s3cret")])
+    reply = asyncio.run(ingress.Generate(pb.GenerateRequest(prompt="x"), ctx))
+    assert ctx.code == grpc.StatusCode.UNIMPLEMENTED and "ingress.grpc.enabled" in ctx.details and reply.text == ""
+    ctx = _GrpcContext([])
+    assert asyncio.run(_drain(ingress.GenerateStream(pb.GenerateRequest(prompt="x"), ctx))) == []
+    assert ctx.code == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def _drain(agen) -> list:
+    return [x async for x in agen]
+
+
+def test_grpc_without_key_only_when_opted_in():
+    from cluster.proto import eagle_cluster_pb2 as pb
+
+    ingress = _ingress(grpc={"enabled": True, "allow_unauthenticated": True})
+    ctx = _GrpcContext([])
+    assert ingress._grpc_request(pb.GenerateRequest(prompt="x"), ctx) and ctx.code is None
 
 
 def test_no_api_key_means_open():
-    ingress = Ingress.__new__(Ingress)
-    Ingress.__init__(ingress, verifier=None, ingress={}, model_name="llama4-tiny")
-    assert ingress._authorized(_Req({}))
+    http, verifier = _http()
+    assert http.post("/v1/completions", json=COMPLETION).status_code == 200 and verifier.calls == 1
+    assert http.get("/v1/models").status_code == 200
+    assert http.get("/openapi.json").status_code == 200 and http.get("/docs").status_code == 200
+    assert http.get("/redoc").status_code == 200
+
+
+def test_docs_behind_the_key():
+    """/openapi.json lists every route: it needs the key; /docs and /redoc (browser pages, which cannot send the
+    key) are off when there is one."""
+    http, _ = _http(api_key="s3cret")
+    assert http.get("/openapi.json").status_code == 401
+    assert "/v1/completions" in http.get("/openapi.json", headers=KEY).json()["paths"]
+    for path in ("/docs", "/redoc"):
+        assert http.get(path).status_code == 401
+        assert http.get(path, headers=KEY).status_code == 404
+    assert http.get("/no-such-path").status_code == 401  # unknown paths say nothing without the key
+
+
+def test_health_open_metrics_behind_the_key_when_configured():
+    http, _ = _http(api_key="s3cret")
+    assert http.get("/health").status_code == 200 and http.get("/metrics").status_code == 200
+    http, _ = _http(api_key="s3cret", metrics_require_api_key=True)
+    assert http.get("/health").status_code == 200
+    assert http.get("/metrics").status_code == 401
+    r = http.get("/metrics", headers=KEY)
+    assert r.status_code == 200 and "vllm:spec_decode_num_drafts_total" in r.text
+
+
+def test_body_over_the_limit_is_413_before_the_verifier():
+    http, verifier = _http(max_body_bytes=1024)
+    big = json.dumps({"prompt": "x" * 2000, "max_tokens": 2}).encode()
+    r = http.post("/v1/completions", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "ingress.max_body_bytes" in r.json()["error"]["message"]
+    r = http.post("/v1/completions", content=iter([big[:600], big[600:]]))  # chunked: no Content-Length
+    assert r.status_code == 413 and "content-length" not in r.request.headers
+    assert verifier.calls == 0
+    small = json.dumps({"prompt": "x" * 900, "max_tokens": 2}).encode()
+    assert http.post("/v1/completions", content=iter([small[:500], small[500:]])).status_code == 200
+    assert http.post("/v1/completions", content=small).status_code == 200 and verifier.calls == 2
+
+
+def test_n_over_the_limit_is_400_naming_n():
+    http, verifier = _http(max_n=2)
+    r = http.post("/v1/completions", json={**COMPLETION, "n": 3})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n" and "at most 2" in r.json()["error"]["message"]
+    r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "n": 9})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+    assert verifier.calls == 0
+    assert http.post("/v1/completions", json={**COMPLETION, "n": 2}).status_code == 200
+
+
+class GatedVerifier(FakeVerifier):
+    """Completions wait for ``open()``: requests stay in flight for as long as the test wants."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def _completions(self, req):
+        self.calls += 1
+        await self.gate.wait()
+        async for item in super()._completions(req):
+            self.calls -= 1  # counted above already
+            yield item
+
+
+def test_overload_is_503_with_retry_after_not_a_queue():
+    import httpx
+
+    async def scenario() -> None:
+        verifier = GatedVerifier()
+        ingress = _ingress(verifier, max_inflight_requests=2, retry_after_s=3)
+        transport = httpx.ASGITransport(app=ingress.__serve_build_asgi_app__())
+        async with httpx.AsyncClient(transport=transport, base_url="http://ingress") as client:
+            held = [asyncio.create_task(client.post("/v1/completions", json=COMPLETION)) for _ in range(2)]
+            while verifier.calls < 2:
+                await asyncio.sleep(0)
+            third = asyncio.create_task(client.post("/v1/completions", json=COMPLETION))
+            while not third.done() and verifier.calls < 3:  # answered at once, or queued behind the gate
+                await asyncio.sleep(0)
+            assert third.done() and verifier.calls == 2
+            r = third.result()
+            assert r.status_code == 503 and r.headers["retry-after"] == "3"
+            assert "in flight" in r.json()["error"]["message"]
+            assert (await client.get("/health")).status_code == 200  # only generation requests are counted
+            verifier.gate.set()
+            assert [t.status_code for t in await asyncio.gather(*held)] == [200, 200]
+            assert ingress.inflight.inflight == 0
+            assert (await client.post("/v1/completions", json=COMPLETION)).status_code == 200
+
+    asyncio.run(scenario())
+
+
+def test_grpc_shares_the_inflight_limit():
+    import grpc
+
+    from cluster.proto import eagle_cluster_pb2 as pb
+
+    ingress = _ingress(FakeVerifier(), grpc={"enabled": True, "allow_unauthenticated": True}, max_inflight_requests=1)
+    with ingress.inflight.admit():  # one HTTP request in flight
+        ctx = _GrpcContext([])
+        asyncio.run(ingress.Generate(pb.GenerateRequest(prompt="x"), ctx))
+        assert ctx.code == grpc.StatusCode.UNAVAILABLE and "in flight" in ctx.details
+        ctx = _GrpcContext([])
+        assert asyncio.run(_drain(ingress.GenerateStream(pb.GenerateRequest(prompt="x"), ctx))) == []
+        assert ctx.code == grpc.StatusCode.UNAVAILABLE
+    assert ingress.inflight.inflight == 0
+
+
+def test_a_failing_request_gives_its_slot_back():
+    from cluster.admission import InflightLimit, Overloaded
+
+    limit = InflightLimit(1)
+    with pytest.raises(RuntimeError), limit.admit():
+        raise RuntimeError("verifier died")
+    with limit.admit(), pytest.raises(Overloaded), limit.admit():
+        pass
+    assert limit.inflight == 0

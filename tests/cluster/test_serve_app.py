@@ -1,5 +1,6 @@
-"""The CPU default served for real: `serve run deploy/cpu.yaml`, then the `openai` client, a grpcio stub built
-from the proto, and Python handle calls against it; bad input gets a 4xx with a reason and the server stays up."""
+"""The CPU default served for real: `serve run deploy/cpu.yaml` (plus gRPC), then the `openai` client, a grpcio
+stub built from the proto, and Python handle calls against it; bad input gets a 4xx with a reason and the server
+stays up."""
 
 from __future__ import annotations
 
@@ -9,18 +10,17 @@ import sys
 
 import pytest
 
-from tests.cluster.serve_helpers import HTTP, MODEL, serve_run
+from tests.cluster.serve_helpers import GRPC, HTTP, MODEL, cpu_config, serve_run
 from tests.cluster.serve_helpers import get as _get
 from tests.cluster.serve_helpers import post as _post
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
-GRPC = "127.0.0.1:9000"
 
 
 @pytest.fixture(scope="module")
-def server():
-    with serve_run(ROOT / "deploy" / "cpu.yaml") as proc:
+def server(tmp_path_factory):
+    with serve_run(cpu_config(tmp_path_factory.mktemp("app"), grpc=True)) as proc:
         yield proc
 
 

@@ -1,0 +1,35 @@
+"""How many generation requests one ingress replica has in flight, and whether it takes one more.
+
+``cluster.http_guard.HttpGuard`` (HTTP) and the ingress's gRPC methods share one ``InflightLimit``: past
+``ingress.max_inflight_requests`` a request is answered at once (HTTP 503 with ``Retry-After``, gRPC
+``UNAVAILABLE``) rather than queued without bound in front of a verifier that is already full. The count lives in
+one replica's event loop (no locks: acquire and release run on that loop).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+
+class Overloaded(Exception):
+    def __init__(self, limit: int, retry_after_s: int) -> None:
+        super().__init__(f"overloaded: {limit} requests in flight at this ingress replica; retry after "
+                         f"{retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+class InflightLimit:
+    def __init__(self, limit: int, retry_after_s: int = 1) -> None:
+        self.limit, self.retry_after_s, self.inflight = limit, retry_after_s, 0
+
+    @contextlib.contextmanager
+    def admit(self) -> Iterator[None]:
+        """Holds one slot for the ``with`` block; raises ``Overloaded`` when all are taken."""
+        if self.inflight >= self.limit:
+            raise Overloaded(self.limit, self.retry_after_s)
+        self.inflight += 1
+        try:
+            yield
+        finally:
+            self.inflight -= 1
