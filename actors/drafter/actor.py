@@ -24,6 +24,7 @@ import numpy as np
 
 from actors.drafter.branches import BranchConfig
 from actors.drafter.engine import DrafterEngine
+from actors.drafter.placement import detect_placement
 from actors.eagle.compat import check_head_fits_target, target_text_config
 from actors.eagle.spec import load_head_spec
 from actors.messages import BranchTable, DraftResult, DraftStatus, DraftStep, SeqSlice
@@ -36,20 +37,25 @@ class DrafterActor:
     def __init__(self, head_dir: str, target_dir: str | None = None, max_model_len: int = 4096,
                  num_threads: int | None = None, drafter_id: str = "",
                  branches: BranchConfig | dict[str, Any] | None = None,
-                 cpu_affinity: list[int] | None = None) -> None:
-        """``cpu_affinity``: bind this process to these cores (a drafter with cores of its own)."""
+                 cpu_affinity: list[int] | None = None, device: str | None = None, dtype: str | None = None) -> None:
+        """``cpu_affinity``: bind this process to these cores (a drafter with cores of its own).
+        ``device`` / ``dtype``: forced, or ``None`` to decide from the resources this actor was given and the head
+        (``actors.drafter.placement``): a GPU and the head's dtype when it has a GPU, else the CPU in float32."""
         if cpu_affinity:
             os.sched_setaffinity(0, cpu_affinity)
         if num_threads:
             import torch
 
             torch.set_num_threads(num_threads)
+        spec = load_head_spec(head_dir)
         if target_dir is not None:
-            check_head_fits_target(load_head_spec(head_dir), target_text_config(target_dir))
+            check_head_fits_target(spec, target_text_config(target_dir))
         if isinstance(branches, dict):
             branches = BranchConfig(**branches)
+        self.placement = detect_placement(spec.raw, device, dtype)
         self.engine = DrafterEngine.from_checkpoint(head_dir, target_dir, max_model_len=max_model_len,
-                                                    branches=branches)
+                                                    branches=branches, device=self.placement.device,
+                                                    dtype=self.placement.dtype)
         self.head_dir = head_dir
         self.drafter_id = drafter_id  # answered with every result, so a pool's client knows who drafted
         self.steps = 0
@@ -118,6 +124,8 @@ class DrafterActor:
             "drafter_id": self.drafter_id,
             "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else "",
             "pid": os.getpid(),
+            "device": self.placement.device,
+            "dtype": str(self.placement.dtype).removeprefix("torch."),
             "active_sequences": self.engine.num_active_sequences,
             "steps": self.steps,
             "failures": self.failures,
@@ -160,6 +168,8 @@ def start_drafter_actor(
     num_threads: int | None = 1,
     branches: dict[str, Any] | None = None,
     cpu_affinity: list[int] | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
 ):
     """A named ``DrafterActor`` on its own resources; returns its handle once the head is loaded.
 
@@ -172,7 +182,8 @@ def start_drafter_actor(
     if resources:
         opts["resources"] = resources
     handle = drafter_actor_class(**opts).remote(
-        head_dir, target_dir, max_model_len, num_threads, name or "", branches=branches, cpu_affinity=cpu_affinity
+        head_dir, target_dir, max_model_len, num_threads, name or "", branches=branches, cpu_affinity=cpu_affinity,
+        device=device, dtype=dtype,
     )
     ray.get(handle.ping.remote())
     return handle

@@ -13,6 +13,10 @@ One step, for B sequences holding N new rows in all (see ``actors.messages`` for
 
 All of it is batched: the only Python loop is over the k draft positions.
 
+Devices: the head, the draft KV cache and the activations live on ``device`` (in ``dtype``); the small index
+bookkeeping of a step (slots, positions, masks) is computed on the CPU, where it costs no device round trip, and
+copied to the device once per pass. ``actors.drafter.placement`` decides device and dtype for the actor.
+
 With asynchronous drafting (``branches``), sequences whose outcome was guessed skip all of that (their drafts
 were precomputed), and ``after_step`` does the rest off the critical path: ``actors.drafter.branches``.
 """
@@ -30,7 +34,6 @@ import torch
 
 from actors.drafter.branches import BranchAttention, BranchConfig, BranchEntry, guesses
 from actors.drafter.kv_cache import DraftKVCache
-from actors.eagle.checkpoint import load_head
 from actors.eagle.heads import DraftHead
 from actors.eagle.layers import sdpa_attend
 from actors.messages import DraftResult, DraftStatus, DraftStep, SeqRole
@@ -38,13 +41,24 @@ from actors.messages import DraftResult, DraftStatus, DraftStep, SeqRole
 
 @dataclass
 class _Batch:
-    """Padded view of a step: query rows of B sequences laid out as ``[B, max_rows]``."""
+    """Padded view of a step: query rows of B sequences laid out as ``[B, max_rows]``. The fields are CPU
+    tensors; ``on_device`` holds the copies that device tensors are indexed with."""
 
     slots: torch.Tensor  # [B]
     row_seq: torch.Tensor  # [N] sequence index of each flat row
     row_local: torch.Tensor  # [N] index of each row within its sequence
     positions: torch.Tensor  # [N]
     max_rows: int
+    device: str | torch.device = "cpu"
+    on_device: dict[str, torch.Tensor] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.on_device = {
+            "row_slots": self.slots[self.row_seq].to(self.device),  # [N] slot of each row
+            "row_seq": self.row_seq.to(self.device),
+            "row_local": self.row_local.to(self.device),
+            "positions": self.positions.to(self.device),
+        }
 
 
 class CacheAttention:
@@ -67,7 +81,8 @@ class CacheAttention:
         self._windows: dict[int | None, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def window(self, chunk: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(key positions [B, width], mask [B, max_rows, width]) for layers with this chunk size."""
+        """(key positions [B, width] on the CPU, mask [B, max_rows, width] on the device) for layers with this
+        chunk size."""
         if chunk not in self._windows:
             lo = (self.first_pos // chunk) * chunk if chunk else torch.zeros_like(self.first_pos)
             width = int((self.last_pos - lo).max()) + 1
@@ -78,19 +93,19 @@ class CacheAttention:
             if chunk:
                 m &= (k // chunk) == (q // chunk)
             m[:, :, 0] |= self.q_pos < 0  # padding rows see one key, to keep softmax finite
-            self._windows[chunk] = (key_pos.clamp(max=self.cache.max_len - 1), m)
+            self._windows[chunk] = (key_pos.clamp(max=self.cache.max_len - 1), m.to(self.b.device))
         return self._windows[chunk]
 
     def __call__(self, layer: int, q, k, v, positions) -> torch.Tensor:
-        b = self.b
-        self.cache.write(layer, b.slots[b.row_seq], b.positions, k, v)
+        b, dev = self.b, self.b.on_device
+        self.cache.write(layer, dev["row_slots"], dev["positions"], k, v)
         key_pos, mask = self.window(self.chunks[layer])
         keys, values = self.cache.read_window(layer, b.slots, key_pos)
         num_seqs = b.slots.numel()
         qp = q.new_zeros(num_seqs, b.max_rows, *q.shape[1:])
-        qp[b.row_seq, b.row_local] = q
+        qp[dev["row_seq"], dev["row_local"]] = q
         out = sdpa_attend(qp, keys.to(q.dtype), values.to(q.dtype), mask)
-        return out[b.row_seq, b.row_local]  # [N, heads * head_dim]
+        return out[dev["row_seq"], dev["row_local"]]  # [N, heads * head_dim]
 
 
 class Proposal(NamedTuple):
@@ -105,9 +120,9 @@ class _Chain:
     """One step's drafting state for B sequences (notation: ``actors.drafter.branches``)."""
 
     req_ids: list[str]
-    slots: torch.Tensor  # [B]
-    last_pos: torch.Tensor  # [B] L: each sequence's last real row
-    logits: list[torch.Tensor]  # logits_0, logits_1, ...: each [B, draft_vocab]
+    slots: torch.Tensor  # [B] (CPU)
+    last_pos: torch.Tensor  # [B] L: each sequence's last real row (CPU)
+    logits: list[torch.Tensor]  # logits_0, logits_1, ...: each [B, draft_vocab] (device, as below)
     feats: list[torch.Tensor]  # f_1, f_2, ...: each [B, hidden_size]
     tokens: list[torch.Tensor] = field(default_factory=list)  # T_1, T_2, ...: each [B] target ids
     draft_ids: list[torch.Tensor] = field(default_factory=list)  # the same in the head's draft vocabulary
@@ -131,17 +146,20 @@ class DrafterEngine:
         max_num_seqs: int = 1024,
         device: str | torch.device = "cpu",
         branches: BranchConfig | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         """``branches``: asynchronous drafting (``actors.drafter.branches``); ``after_step`` then does the
-        off-critical-path work of each step, and must run before the next ``propose``."""
-        self.head = head.to(device).eval().fuse()
+        off-critical-path work of each step, and must run before the next ``propose``.
+        ``dtype``: of the weights, activations and draft KV cache (default: the head's as given)."""
+        self.dtype = dtype or head.embed_tokens.weight.dtype
+        self.head = head.cast(self.dtype).to(device).eval().fuse()
         self.device = device
         spec = head.spec
         self.spec = spec
         self.max_model_len = max_model_len
         self.cache = DraftKVCache(
             spec.num_layers, spec.num_kv_heads, spec.head_dim, max_len=max_model_len + 1,
-            max_slots=max_num_seqs, device=device,
+            max_slots=max_num_seqs, dtype=self.dtype, device=device,
         )
         self.chunks = {i: layer.self_attn.chunk_size for i, layer in enumerate(head.layers)}
         self.branch_config = branches
@@ -150,7 +168,9 @@ class DrafterEngine:
 
     @classmethod
     def from_checkpoint(cls, head_dir: str | Path, target_dir: str | Path | None = None, **kw) -> DrafterEngine:
-        return cls(load_head(head_dir, target_dir), **kw)
+        from actors.eagle.checkpoint import load_head  # safetensors: only for engines built from files
+
+        return cls(load_head(head_dir, target_dir, dtype=kw.get("dtype") or torch.float32), **kw)
 
     @property
     def num_active_sequences(self) -> int:
@@ -162,7 +182,7 @@ class DrafterEngine:
             self.branch_table.pop(rid, None)
 
     def _pass(self, ids, hidden, batch: _Batch):
-        return self.head(ids, hidden, batch.positions, CacheAttention(self.cache, batch, self.chunks))
+        return self.head(ids, hidden, batch.on_device["positions"], CacheAttention(self.cache, batch, self.chunks))
 
     def _context(self, step: DraftStep, hidden: torch.Tensor) -> tuple[_Chain, int]:
         """Pass 0: all rows of all sequences at once, writing their K/V; each sequence's last row starts a chain."""
@@ -174,19 +194,20 @@ class DrafterEngine:
         row_seq = torch.repeat_interleave(torch.arange(num_seqs), counts)
         row_local = torch.arange(step.num_tokens) - starts[row_seq]
         positions = (first_pos[row_seq] + row_local).clamp(max=self.max_model_len - 1)
-        batch = _Batch(slots, row_seq, row_local, positions, int(counts.max()))
+        batch = _Batch(slots, row_seq, row_local, positions, int(counts.max()), self.device)
         ids = torch.from_numpy(step.input_ids.astype(np.int64)).to(self.device)
-        out, fed = self._pass(ids, self.head.combine(hidden.to(self.device, torch.float32)), batch)
+        out, fed = self._pass(ids, self.head.combine(hidden.to(self.device, self.dtype)), batch)
         last = starts + counts - 1
+        last_d = last.to(self.device)
         chain = _Chain([s.req_id for s in step.seqs], slots, positions[last],
-                       [self.head.draft_logits(out[last])], [fed[last]])
+                       [self.head.draft_logits(out[last_d])], [fed[last_d]])
         return chain, cold
 
     def _chain_pass(self, chain: _Chain, j: int) -> None:
         """Pass j + 1: position L + j + 1, input T_j+1, feature f_j+1 -> logits_j+1, f_j+2."""
         num_seqs = len(chain.req_ids)
         pos = (chain.last_pos + j + 1).clamp(max=self.max_model_len - 1)
-        b = _Batch(chain.slots, torch.arange(num_seqs), torch.zeros(num_seqs, dtype=torch.long), pos, 1)
+        b = _Batch(chain.slots, torch.arange(num_seqs), torch.zeros(num_seqs, dtype=torch.long), pos, 1, self.device)
         out, fed = self._pass(chain.tokens[j], chain.feats[j], b)
         chain.logits.append(self.head.draft_logits(out))
         chain.feats.append(fed)
@@ -220,9 +241,10 @@ class DrafterEngine:
             if s:
                 self._chain_pass(chain, s - 1)
             logits = torch.stack(chain.logits[: s + 1], dim=1)  # [B, s + 1, draft_vocab]
-            served = torch.stack(chain.draft_ids, dim=1) if s else torch.zeros(len(chain.req_ids), 0, dtype=torch.long)
+            served = (torch.stack(chain.draft_ids, dim=1) if s
+                      else torch.zeros(len(chain.req_ids), 0, dtype=torch.long, device=logits.device))
             outcome, guess = guesses(logits, served, self.branch_config, n)  # [B, n] each
-            rows.append((chain, outcome, guess, outcome.shape[1]))
+            rows.append((chain, outcome.cpu(), guess, outcome.shape[1]))
         if not rows:
             return {}
         slots, base, first, feats = [], [], [], []
@@ -232,13 +254,13 @@ class DrafterEngine:
             slots.append(chain.slots[seq])
             base.append(chain.last_pos[seq] + a)  # [R] L + a
             first.append(self.head.to_target_ids(guess.flatten()))  # [R] y
-            feats.append(torch.stack(chain.feats, dim=1)[seq, a])  # [R, hidden] f_a+1
+            feats.append(torch.stack(chain.feats, dim=1)[seq.to(self.device), a.to(self.device)])  # [R, hidden] f_a+1
         base_all = torch.cat(base)
         attend = BranchAttention(self.cache, torch.cat(slots), base_all, self.chunks)
         tok, hid = torch.cat(first), torch.cat(feats)
         drafts = []
         for i in range(k):
-            pos = (base_all + 1 + i).clamp(max=self.max_model_len - 1)
+            pos = (base_all + 1 + i).clamp(max=self.max_model_len - 1).to(self.device)
             out, hid = self.head(tok, hid, pos, attend)
             tok = self.head.greedy(out)
             drafts.append(tok)
@@ -275,7 +297,7 @@ class DrafterEngine:
         if self.branch_config is None or k == 0:
             chain, cold = self._context(step, hidden)
             self._draft(chain, k)
-            drafts = torch.stack(chain.tokens, dim=1) if k else torch.zeros(num_seqs, 0, dtype=torch.long)
+            drafts = torch.stack(chain.tokens, dim=1).cpu() if k else torch.zeros(num_seqs, 0, dtype=torch.long)
             return Proposal(drafts, cold)
 
         drafts = torch.zeros(num_seqs, k, dtype=torch.long)
@@ -299,7 +321,7 @@ class DrafterEngine:
             sub, rows = step.select(misses)
             miss_chain, cold = self._context(sub, hidden[torch.from_numpy(rows)])
             self._draft(miss_chain, k)
-            drafts[misses] = torch.stack(miss_chain.tokens, dim=1)
+            drafts[misses] = torch.stack(miss_chain.tokens, dim=1).cpu()
             pending.chains.append(miss_chain)
         if hits:
             drafts[hits] = torch.tensor(hit_drafts, dtype=torch.long)
@@ -323,6 +345,7 @@ class DrafterEngine:
         if p.fold is not None:
             sub, hidden, served = p.fold
             chain, _ = self._context(sub, hidden)
+            served = served.to(self.device)
             self._draft(chain, p.k, forced=(served, self.head.to_draft_ids(served)))
             chains.append(chain)
         if p.context is not None:

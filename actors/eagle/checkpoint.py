@@ -114,7 +114,7 @@ def load_head(
     if absent:
         raise HeadConfigError(f"checkpoint: {head_dir} lacks {absent}")
     head.load_state_dict({k: (v if v.dtype in (torch.long, torch.bool) else v.to(dtype)) for k, v in state.items()})
-    return head.to(dtype).eval() if dtype != torch.float32 else head.eval()
+    return head.cast(dtype).eval() if dtype != torch.float32 else head.eval()
 
 
 def head_state_for_saving(head: DraftHead, share_embed: bool = True, share_lm_head: bool | None = None
