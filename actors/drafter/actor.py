@@ -25,7 +25,9 @@ import numpy as np
 from actors.drafter.branches import BranchConfig
 from actors.drafter.engine import DrafterEngine
 from actors.drafter.placement import detect_placement
+from actors.eagle.checkpoint import SHARED_TENSOR_NAMES
 from actors.eagle.compat import check_head_fits_target, target_text_config
+from actors.eagle.hub import HEAD_FILES, resolve_model_dir, resolve_target_dir
 from actors.eagle.spec import load_head_spec
 from actors.messages import BranchTable, DraftResult, DraftStatus, DraftStep, SeqSlice
 
@@ -47,6 +49,10 @@ class DrafterActor:
             import torch
 
             torch.set_num_threads(num_threads)
+        # Hub ids, as vLLM takes them, become their snapshot folders (with only what the drafter reads).
+        head_dir = str(resolve_model_dir(head_dir, HEAD_FILES))
+        if target_dir is not None:
+            target_dir = str(resolve_target_dir(target_dir, SHARED_TENSOR_NAMES))
         spec = load_head_spec(head_dir)
         if target_dir is not None:
             check_head_fits_target(spec, target_text_config(target_dir))

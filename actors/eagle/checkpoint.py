@@ -58,12 +58,15 @@ def _qk_heads(name: str, spec: HeadSpec) -> int | None:
     return None
 
 
+# The target tensors a head may share, under the names of text-only and multimodal Llama 4 checkpoints.
+SHARED_TENSOR_NAMES = frozenset({"model.embed_tokens.weight", "lm_head.weight",
+                                 "language_model.model.embed_tokens.weight", "language_model.lm_head.weight"})
+
+
 def target_shared_weights(target_dir: Path) -> dict[str, torch.Tensor]:
     """``embed_tokens`` and ``lm_head`` of a Hugging Face Llama 4 text checkpoint."""
     cfg = json.loads((target_dir / "config.json").read_text())
-    wanted = {"model.embed_tokens.weight", "lm_head.weight", "language_model.model.embed_tokens.weight",
-              "language_model.lm_head.weight"}
-    raw = read_tensors(target_dir, wanted)
+    raw = read_tensors(target_dir, set(SHARED_TENSOR_NAMES))
     embed = raw.get("model.embed_tokens.weight", raw.get("language_model.model.embed_tokens.weight"))
     head = raw.get("lm_head.weight", raw.get("language_model.lm_head.weight"))
     if head is None and cfg.get("tie_word_embeddings"):
