@@ -24,7 +24,7 @@ it. On CUDA each step is bracketed by ``torch.cuda.synchronize``. Columns:
 - ``recompute``: a plain PyTorch loop without cache reuse, each of the k passes re-running the head over a
   sequence's whole context, one sequence after another (skipped past ``--recompute-max-tokens``);
 - ``KV MiB/seq``: draft KV cache bytes per sequence slot (dense ``[max_len, kv_heads, head_dim]`` per layer, K
-  and V); ``KV MiB``: what the cache holds for the batch (slots grow by doubling).
+  and V); ``KV MiB``: what the cache holds for the batch (the engine's slot cap is the batch).
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ def test_small_mode_prints_figures_without_vllm_or_ray():
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [line.split(" | ") for line in out.stdout.splitlines() if line.startswith("eagle")]
     assert [(r[0], r[1], r[2]) for r in rows] == [(h, b, "16") for h in ("eagle", "eagle3") for b in ("1", "3")]
-    for _, _, _, engine, floor, recompute, ratio, kv_seq, kv in rows:
+    for _, batch, _, engine, floor, recompute, ratio, kv_seq, kv in rows:
         assert min(float(engine), float(floor), float(recompute), float(ratio)) > 0
         # Dense per slot: 1 layer x (K, V) x max_len x 2 KV heads x head dim 16 x 4 bytes (float32 on a CPU), where
         # max_len = context 16 + 2 rows x (2 timed + 2) steps + k 3 + 1, plus the cache's one spare position.
         assert float(kv_seq) == pytest.approx(2 * (16 + 2 * 4 + 3 + 1 + 1) * 2 * 16 * 4 / 2**20, rel=1e-3)
-        assert float(kv) == pytest.approx(float(kv_seq) * 8, rel=1e-3)  # 8 slots at first: enough for 1 or 3
+        assert float(kv) == pytest.approx(float(kv_seq) * int(batch), rel=1e-3)  # the engine is capped at the batch

@@ -113,6 +113,7 @@ class Proposal(NamedTuple):
     cold: int = 0  # sequences that arrived mid-stream (re-homed)
     hit_rows: list[int] = []  # sequences answered from a precomputed branch (asynchronous drafting)
     branch_lookups: int = 0  # sequences that had branches for this step
+    full_rows: list[int] = []  # sequences with no room here (``DrafterEngine.no_room``): placeholder drafts
 
 
 @dataclass
@@ -147,19 +148,31 @@ class DrafterEngine:
         device: str | torch.device = "cpu",
         branches: BranchConfig | None = None,
         dtype: torch.dtype | None = None,
+        kv_cache_gib: float | None = None,
     ) -> None:
         """``branches``: asynchronous drafting (``actors.drafter.branches``); ``after_step`` then does the
         off-critical-path work of each step, and must run before the next ``propose``.
-        ``dtype``: of the weights, activations and draft KV cache (default: the head's as given)."""
+        ``dtype``: of the weights, activations and draft KV cache (default: the head's as given).
+
+        Room: the draft KV cache holds a dense ``max_model_len`` slot per sequence, for at most ``max_num_seqs``
+        sequences and, with ``kv_cache_gib``, no more slots than fit in that memory. Sequences beyond either
+        limit get no drafts (``Proposal.full_rows``) instead of an error or an out-of-memory."""
         self.dtype = dtype or head.embed_tokens.weight.dtype
         self.head = head.cast(self.dtype).to(device).eval().fuse()
         self.device = device
         spec = head.spec
         self.spec = spec
         self.max_model_len = max_model_len
+        slot_bytes = DraftKVCache.bytes_per_slot(spec.num_layers, spec.num_kv_heads, spec.head_dim,
+                                                 max_model_len + 1, self.dtype)
+        if kv_cache_gib is not None:
+            max_num_seqs = min(max_num_seqs, int(kv_cache_gib * 2**30 // slot_bytes))
+            if max_num_seqs < 1:
+                raise ValueError(f"drafter: kv_cache_gib {kv_cache_gib} holds no sequence of max_model_len "
+                                 f"{max_model_len} ({slot_bytes / 2**30:.3f} GiB each)")
         self.cache = DraftKVCache(
             spec.num_layers, spec.num_kv_heads, spec.head_dim, max_len=max_model_len + 1,
-            max_slots=max_num_seqs, dtype=self.dtype, device=device,
+            initial_slots=min(8, max_num_seqs), max_slots=max_num_seqs, dtype=self.dtype, device=device,
         )
         self.chunks = {i: layer.self_attn.chunk_size for i, layer in enumerate(head.layers)}
         self.branch_config = branches
@@ -180,6 +193,41 @@ class DrafterEngine:
         self.cache.free(req_ids)
         for rid in req_ids:
             self.branch_table.pop(rid, None)
+
+    def no_room(self, step: DraftStep) -> list[int]:
+        """The sequences of ``step`` (indices) this drafter has no room for: those whose drafting would reach
+        past ``max_model_len`` (k - 1 positions past the last row; 2k with branches), then new ones once every
+        slot is taken (in step order). They get no drafts, and any draft state they had here is dropped."""
+        k = step.num_speculative_tokens
+        reach = 2 * k if self.branch_config is not None and k else max(k - 1, 0)
+        too_long = [i for i, s in enumerate(step.seqs)
+                    if s.start_position + s.num_tokens - 1 + reach >= self.max_model_len]
+        slot_of = self.cache.slot_of
+        room = self.cache.max_slots - self.cache.num_active + sum(step.seqs[i].req_id in slot_of for i in too_long)
+        full, skip = [], set(too_long)
+        for i, s in enumerate(step.seqs):
+            if i in skip:
+                full.append(i)
+            elif s.req_id not in slot_of:
+                if room > 0:
+                    room -= 1
+                else:
+                    full.append(i)
+        return full
+
+    def _propose_with_room(self, step: DraftStep, hidden: torch.Tensor, full: list[int], precompute: bool
+                           ) -> Proposal:
+        """``propose_tensors`` for the sequences that have room; placeholder drafts (zeros) for ``full``."""
+        self.free([step.seqs[i].req_id for i in full])
+        refused = set(full)
+        keep = [i for i in range(len(step.seqs)) if i not in refused]
+        drafts = torch.zeros(len(step.seqs), step.num_speculative_tokens, dtype=torch.long)
+        if not keep:
+            return Proposal(drafts, full_rows=full)
+        sub, rows = step.select(keep)
+        p = self.propose_tensors(sub, hidden[torch.from_numpy(rows)], precompute)
+        drafts[keep] = p.drafts
+        return Proposal(drafts, p.cold, [keep[i] for i in p.hit_rows], p.branch_lookups, full)
 
     def _pass(self, ids, hidden, batch: _Batch):
         return self.head(ids, hidden, batch.on_device["positions"], CacheAttention(self.cache, batch, self.chunks))
@@ -294,6 +342,9 @@ class DrafterEngine:
         if num_seqs == 0:
             return Proposal(torch.zeros(0, k, dtype=torch.long))
         step.validate(hidden.shape[0], hidden.shape[1], self.spec.fused_hidden_size)
+        full = self.no_room(step)
+        if full:
+            return self._propose_with_room(step, hidden, full, precompute)
         if self.branch_config is None or k == 0:
             chain, cold = self._context(step, hidden)
             self._draft(chain, k)
@@ -364,5 +415,5 @@ class DrafterEngine:
         return DraftResult(
             step.step_id, DraftStatus.OK, p.drafts.to(torch.int32).cpu().numpy(), (time.perf_counter() - start) * 1e3,
             active_sequences=self.num_active_sequences, cold_sequences=p.cold, branch_lookups=p.branch_lookups,
-            hit_rows=list(p.hit_rows),
+            hit_rows=list(p.hit_rows), full_rows=list(p.full_rows),
         )

@@ -39,6 +39,11 @@ class DraftKVCache:
         self.dtype, self.device = dtype, device
         self._allocate(initial_slots)
 
+    @staticmethod
+    def bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, max_len: int, dtype: torch.dtype) -> int:
+        """Memory one sequence's slot takes: K and V, ``[max_len, num_kv_heads, head_dim]`` per layer."""
+        return 2 * num_layers * max_len * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+
     def _allocate(self, num_slots: int) -> None:
         self.k = [torch.zeros(num_slots, *self.shape_tail, dtype=self.dtype, device=self.device)
                   for _ in range(self.num_layers)]
