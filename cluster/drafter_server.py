@@ -22,8 +22,9 @@ from actors.drafter.actor import drafter_actor_class
 class DrafterServer:
     async def __init__(self, head_dir: str, target_dir: str, max_model_len: int = 4096, num_threads: int = 1,
                    branches: dict[str, Any] | None = None, actor_options: dict[str, Any] | None = None,
-                   cpu_affinity: list[int] | None = None) -> None:
-        """``actor_options``: the drafter actor's Ray resources (``num_cpus``, ``num_gpus``, ``resources``)."""
+                   cpu_affinity: list[int] | None = None, engine: dict[str, Any] | None = None) -> None:
+        """``actor_options``: the drafter actor's Ray resources (``num_cpus``, ``num_gpus``, ``resources``).
+        ``engine``: the actor's ``dtype``, ``max_num_seqs`` and ``kv_cache_gib``."""
         from ray import serve
         from ray.util import get_current_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -35,7 +36,7 @@ class DrafterServer:
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
         self.drafter = drafter_actor_class(**opts).remote(
             head_dir, target_dir, max_model_len, num_threads, self.replica_id, branches=branches,
-            cpu_affinity=cpu_affinity,
+            cpu_affinity=cpu_affinity, **(engine or {}),
         )
         self.info = await self.drafter.info.remote()
 

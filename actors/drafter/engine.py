@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from actors.drafter.branches import BranchAttention, BranchConfig, BranchEntry, guesses
-from actors.drafter.kv_cache import DraftKVCache
+from actors.drafter.kv_cache import DraftKVCache, device_budget_gib
 from actors.eagle.heads import DraftHead
 from actors.eagle.layers import sdpa_attend
 from actors.messages import DraftResult, DraftStatus, DraftStep, SeqRole
@@ -149,14 +149,17 @@ class DrafterEngine:
         branches: BranchConfig | None = None,
         dtype: torch.dtype | None = None,
         kv_cache_gib: float | None = None,
+        kv_cache_free_fraction: float = 0.6,
     ) -> None:
         """``branches``: asynchronous drafting (``actors.drafter.branches``); ``after_step`` then does the
         off-critical-path work of each step, and must run before the next ``propose``.
         ``dtype``: of the weights, activations and draft KV cache (default: the head's as given).
 
         Room: the draft KV cache holds a dense ``max_model_len`` slot per sequence, for at most ``max_num_seqs``
-        sequences and, with ``kv_cache_gib``, no more slots than fit in that memory. Sequences beyond either
-        limit get no drafts (``Proposal.full_rows``) instead of an error or an out-of-memory."""
+        sequences and no more slots than fit in ``kv_cache_gib`` (default on CUDA: ``kv_cache_free_fraction`` of
+        the memory free once the weights are loaded; on a CPU, no memory cap). Sequences beyond either limit get
+        no drafts (``Proposal.full_rows``) instead of an error or an out-of-memory. The cache grows by doubling,
+        one layer's K or V at a time, so while growing it briefly holds up to 1.25x its budget (one-layer heads)."""
         self.dtype = dtype or head.embed_tokens.weight.dtype
         self.head = head.cast(self.dtype).to(device).eval().fuse()
         self.device = device
@@ -165,6 +168,8 @@ class DrafterEngine:
         self.max_model_len = max_model_len
         slot_bytes = DraftKVCache.bytes_per_slot(spec.num_layers, spec.num_kv_heads, spec.head_dim,
                                                  max_model_len + 1, self.dtype)
+        if kv_cache_gib is None:
+            kv_cache_gib = device_budget_gib(device, kv_cache_free_fraction)
         if kv_cache_gib is not None:
             max_num_seqs = min(max_num_seqs, int(kv_cache_gib * 2**30 // slot_bytes))
             if max_num_seqs < 1:

@@ -20,6 +20,16 @@ class CacheFullError(RuntimeError):
     pass
 
 
+def device_budget_gib(device: str | torch.device, fraction: float) -> float | None:
+    """GiB the draft KV cache may take on ``device`` when no budget is configured: ``fraction`` of the memory
+    free now (call it once the weights are there; the rest is for activations and whoever shares the GPU).
+    ``None`` (no cap but the slot count) on a CPU."""
+    if torch.device(device).type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    return fraction * free / 2**30
+
+
 class DraftKVCache:
     def __init__(
         self,

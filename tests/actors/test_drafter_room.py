@@ -87,3 +87,15 @@ def test_actor_reports_full_rows(toy_heads):
     assert result.status is DraftStatus.OK
     assert result.full_rows == [1] and result.draft_token_ids.shape == (2, 2)
     assert actor.stats()["full_sequences"] == 1 and actor.stats()["max_sequences"] == 1
+
+
+def test_cuda_budget_is_a_fraction_of_free_memory(monkeypatch):
+    """Without ``kv_cache_gib``, a CUDA drafter's cache may take a fraction of the memory free after its weights
+    (the GPU call is replaced here: same decision, no GPU); a CPU drafter has no memory cap."""
+    from actors.drafter.kv_cache import device_budget_gib
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: asked.append(d) or (40 * 2**30, 80 * 2**30))
+    assert device_budget_gib("cuda", 0.6) == pytest.approx(24.0)
+    assert asked == [torch.device("cuda")]
+    assert device_budget_gib("cpu", 0.6) is None
