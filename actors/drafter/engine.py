@@ -61,12 +61,18 @@ class _Batch:
         }
 
 
+# Attention scores one sdpa call may hold ([B, heads, query rows, keys]): a long prompt's context pass attends in
+# blocks of query rows under this, so a 32k-token prefill does not ask for 40 x 32k x 32k scores at once.
+MAX_SCORES = 2**28
+
+
 class CacheAttention:
     """``AttendFn`` over the draft KV cache for one pass (writes the new rows, then attends).
 
     Keys are read per sequence from a window ``[lo, lo + width)`` of positions: from 0 for global layers, and
     for chunked-attention layers from the start of the chunk holding the sequence's first query row, so a
-    decode pass at position 1000 with chunk 128 reads at most 128 keys, not 1000.
+    decode pass at position 1000 with chunk 128 reads at most 128 keys, not 1000. Masks are made on the device
+    from the query and key positions, one block of query rows at a time (``MAX_SCORES``).
     """
 
     def __init__(self, cache: DraftKVCache, batch: _Batch, chunk_sizes: dict[int, int | None]) -> None:
@@ -78,33 +84,50 @@ class CacheAttention:
         self.q_pos[b.row_seq, b.row_local] = b.positions
         self.first_pos = self.q_pos[:, 0]  # [B] rows of a sequence are consecutive positions
         self.last_pos = self.q_pos.max(dim=1).values  # [B]
+        self.q_pos_d = self.q_pos.to(b.device)
+        self.known_from_d = cache.known_from[b.slots].to(b.device)  # [B]
         self._windows: dict[int | None, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._masks: dict[int | None, torch.Tensor] = {}  # when one block holds all query rows
 
     def window(self, chunk: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(key positions [B, width] on the CPU, mask [B, max_rows, width] on the device) for layers with this
-        chunk size."""
+        """Key positions [B, width] for layers with this chunk size: clamped to the cache, on the CPU (to read
+        it), and as they are, on the device (for masks)."""
         if chunk not in self._windows:
             lo = (self.first_pos // chunk) * chunk if chunk else torch.zeros_like(self.first_pos)
             width = int((self.last_pos - lo).max()) + 1
             key_pos = lo[:, None] + torch.arange(width)  # [B, width]
-            q = self.q_pos[:, :, None]
-            k = key_pos[:, None, :]
-            m = (k <= q) & (q >= 0) & (k >= self.cache.known_from[self.b.slots][:, None, None])
-            if chunk:
-                m &= (k // chunk) == (q // chunk)
-            m[:, :, 0] |= self.q_pos < 0  # padding rows see one key, to keep softmax finite
-            self._windows[chunk] = (key_pos.clamp(max=self.cache.max_len - 1), m.to(self.b.device))
+            self._windows[chunk] = (key_pos.clamp(max=self.cache.max_len - 1), key_pos.to(self.b.device))
         return self._windows[chunk]
+
+    def mask(self, chunk: int | None, key_pos: torch.Tensor, rows: slice) -> torch.Tensor:
+        """[B, len(rows), width] bool, True = may attend, for query rows ``rows`` and device key positions."""
+        q = self.q_pos_d[:, rows, None]
+        k = key_pos[:, None, :]
+        m = (k <= q) & (q >= 0) & (k >= self.known_from_d[:, None, None])
+        if chunk:
+            m &= (k // chunk) == (q // chunk)
+        m[:, :, 0] |= q[:, :, 0] < 0  # padding rows see one key, to keep softmax finite
+        return m
 
     def __call__(self, layer: int, q, k, v, positions) -> torch.Tensor:
         b, dev = self.b, self.b.on_device
+        chunk = self.chunks[layer]
         self.cache.write(layer, dev["row_slots"], dev["positions"], k, v)
-        key_pos, mask = self.window(self.chunks[layer])
+        key_pos, key_pos_d = self.window(chunk)
         keys, values = self.cache.read_window(layer, b.slots, key_pos)
-        num_seqs = b.slots.numel()
+        keys, values = keys.to(q.dtype), values.to(q.dtype)
+        num_seqs, width = b.slots.numel(), key_pos.shape[1]
         qp = q.new_zeros(num_seqs, b.max_rows, *q.shape[1:])
         qp[dev["row_seq"], dev["row_local"]] = q
-        out = sdpa_attend(qp, keys.to(q.dtype), values.to(q.dtype), mask)
+        block = max(1, MAX_SCORES // (num_seqs * q.shape[-2] * width))
+        if block >= b.max_rows:
+            if chunk not in self._masks:
+                self._masks[chunk] = self.mask(chunk, key_pos_d, slice(None))
+            out = sdpa_attend(qp, keys, values, self._masks[chunk])
+        else:
+            out = torch.cat([sdpa_attend(qp[:, r : r + block], keys, values,
+                                         self.mask(chunk, key_pos_d, slice(r, r + block)))
+                             for r in range(0, b.max_rows, block)], dim=1)
         return out[dev["row_seq"], dev["row_local"]]  # [N, heads * head_dim]
 
 

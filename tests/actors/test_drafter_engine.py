@@ -280,3 +280,22 @@ def test_cast_keeps_rotary_frequencies_float32(toy_heads):
     head = load_head(heads["eagle1"], target_dir).cast(torch.bfloat16)
     attn = head.layers[0].self_attn
     assert torch.equal(attn.freqs, inv_freq(head.spec.rope, head.spec.head_dim))
+
+
+@pytest.mark.parametrize("name", ["eagle1", "eagle3"])
+def test_long_prompts_attend_in_blocks(toy_heads, name, monkeypatch):
+    """A context pass too big for one attention call (``MAX_SCORES``) attends one block of query rows at a time,
+    with the same drafts: here blocks of a single row."""
+    from actors.drafter import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "MAX_SCORES", 1)
+    target_dir, heads = toy_heads
+    head = load_head(heads[name], target_dir)
+    engine = DrafterEngine(head, max_model_len=64)
+    width = head.spec.fused_hidden_size
+    g = torch.Generator().manual_seed(3)
+    seqs = [(r, 0, torch.randint(0, 300, (n,), generator=g), torch.randn(n, width, generator=g))
+            for r, n in (("a", 13), ("b", 4))]  # "a" crosses two attention chunks (8)
+    got = engine.propose_tensors(*make_step(0, 3, seqs)).drafts
+    for i, (_, _, ids, h) in enumerate(seqs):
+        assert got[i].tolist() == reference_drafts(head, ids, h, 3)
