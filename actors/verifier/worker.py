@@ -47,11 +47,14 @@ def _ensure_ray(address: str | None, namespace: str | None) -> None:
         ray.init(address=address, namespace=namespace, log_to_driver=False)
 
 
+V2_RUNNER_PACKAGES = ("vllm.v1.worker.gpu.", "vllm.v1.worker.cpu.")  # V1 runners: gpu_model_runner, cpu_model_runner
+
+
 def require_v1_runner(runner: Any) -> None:
     """Refuse vLLM's model runner V2: it drafts through ``runner.speculator`` and has no ``runner.drafter``, so
     neither the remote proposer nor the baselines' timing could hook it, and drafting would silently stay
     local (or absent). ``actors.vllm_engine.use_v1_model_runner`` sets the variable for the engines built here."""
-    if hasattr(runner, "speculator") or type(runner).__module__.startswith("vllm.v1.worker.gpu."):
+    if hasattr(runner, "speculator") or type(runner).__module__.startswith(V2_RUNNER_PACKAGES):
         raise RuntimeError(
             f"eagle_cluster verifier: vLLM built model runner V2 ({type(runner).__module__}."
             f"{type(runner).__name__}); the remote drafter hooks runner V1 only: set VLLM_USE_V2_MODEL_RUNNER=0 in "

@@ -65,3 +65,19 @@ def test_runner_v1_passes():
     require_v1_runner(SimpleNamespace(drafter=None))  # V1 (GPU or CPU): a drafter attribute, no speculator
     with pytest.raises(RuntimeError, match="_V2Runner"):
         require_v1_runner(_V2Runner())
+
+
+def test_vllm_runner_classes_are_told_apart():
+    """vLLM's own runner classes, V1 and V2, GPU and CPU (imported only: nothing is built)."""
+    from vllm.v1.worker.cpu.model_runner import CPUModelRunner as CPUv2
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner as CPUv1
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner as GPUv2
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner as GPUv1
+
+    from actors.verifier.worker import require_v1_runner
+
+    for v2 in (GPUv2, CPUv2):
+        with pytest.raises(RuntimeError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
+            require_v1_runner(object.__new__(v2))
+    for v1 in (GPUv1, CPUv1):
+        require_v1_runner(object.__new__(v1))
