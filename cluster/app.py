@@ -70,7 +70,7 @@ def build_app(args: dict[str, Any]) -> Application:
         drafter_opts["num_replicas"] = d.num_replicas or 1
     drafter = serve.deployment(DrafterServer).options(**drafter_opts).bind(
         cfg.speculative_config.model, v.model, d.max_model_len or v.max_model_len + 8, d.num_threads,
-        d.async_drafting.for_drafter(), actor_opts, d.cpu_affinity, d.timeout_s,
+        d.async_drafting.for_drafter(), actor_opts, d.cpu_affinity, d.for_engine(), d.timeout_s,
     )
 
     bundle = {"GPU": 1, "CPU": v.num_cpus} if v.accelerator == "gpu" else {"CPU": v.num_cpus}

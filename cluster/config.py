@@ -3,7 +3,8 @@
     args:
       verifier:    {model, served_model_name, tensor_parallel_size, max_model_len, engine_kwargs, num_replicas, ...}
       speculative_config: {method: eagle|eagle3, model, num_speculative_tokens, ...}   # vLLM's keys, as in the seeds
-      drafter:     {num_cpus, num_gpus, resources, num_replicas | autoscaling_config, max_model_len}
+      drafter:     {num_cpus, num_gpus, resources, num_replicas | autoscaling_config, max_model_len, dtype,
+                    max_num_seqs, kv_cache_gib, timeout_s, async_drafting, ...}
       ingress:     {api_key, grpc: {enabled, allow_unauthenticated}, metrics_require_api_key, max_body_bytes, max_n,
                     max_inflight_requests, retry_after_s, num_replicas}
 
@@ -171,11 +172,22 @@ class DrafterConfig(_Strict):
     autoscaling_config: AutoscalingConfig | None = None
     max_model_len: int | None = Field(None, ge=16)
     num_threads: int = Field(1, ge=1, description="torch threads per drafter replica")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto: the head's torch_dtype on a GPU, float32 on a CPU (actors.drafter.placement)")
+    max_num_seqs: int = Field(1024, ge=1, description="sequences one drafter replica holds draft state for; "
+                              "more get no drafts")
+    kv_cache_gib: float | None = Field(None, gt=0, description="the draft KV cache's memory cap per replica; "
+                                       "null: 60% of the GPU memory free after the weights (no cap on a CPU)")
     cpu_affinity: list[NonNegativeInt] | None = Field(
         None, min_length=1, description="bind each drafter's process to these cores (a drafter with cores of its own)")
     timeout_s: float = Field(10.0, gt=0, description="a draft call slower than this drafts nothing")
     max_ongoing_requests: int = Field(32, ge=1, description="concurrent draft calls per replica (all verifiers)")
     async_drafting: AsyncDraftingConfig = Field(default_factory=AsyncDraftingConfig)
+
+    def for_engine(self) -> dict[str, Any]:
+        """``DrafterActor``'s engine options."""
+        return {"dtype": None if self.dtype == "auto" else self.dtype, "max_num_seqs": self.max_num_seqs,
+                "kv_cache_gib": self.kv_cache_gib}
 
     @model_validator(mode="after")
     def _one_scaling(self) -> DrafterConfig:

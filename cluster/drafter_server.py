@@ -22,10 +22,12 @@ from actors.drafter.actor import drafter_actor_class
 class DrafterServer:
     async def __init__(self, head_dir: str, target_dir: str, max_model_len: int = 4096, num_threads: int = 1,
                    branches: dict[str, Any] | None = None, actor_options: dict[str, Any] | None = None,
-                   cpu_affinity: list[int] | None = None, timeout_s: float = 10.0) -> None:
+                   cpu_affinity: list[int] | None = None, engine: dict[str, Any] | None = None,
+                   timeout_s: float = 10.0) -> None:
         """``actor_options``: the drafter actor's Ray resources (``num_cpus``, ``num_gpus``, ``resources``).
-        ``timeout_s``: how long a verifier waits for a draft call here, handed to it with ``attach`` (a drafter
-        setting that verifiers learn, so changing it redeploys the drafters only)."""
+        ``engine``: the actor's ``dtype``, ``max_num_seqs`` and ``kv_cache_gib``. ``timeout_s``: how long a
+        verifier waits for a draft call here, handed to it with ``attach`` (a drafter setting that verifiers
+        learn)."""
         from ray import serve
         from ray.util import get_current_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -37,7 +39,7 @@ class DrafterServer:
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
         self.drafter = drafter_actor_class(**opts).remote(
             head_dir, target_dir, max_model_len, num_threads, self.replica_id, branches=branches,
-            cpu_affinity=cpu_affinity,
+            cpu_affinity=cpu_affinity, **(engine or {}),
         )
         self.info = {**await self.drafter.info.remote(), "timeout_s": timeout_s}
 

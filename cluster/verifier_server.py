@@ -67,10 +67,11 @@ class VerifierServer:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from actors.verifier.engine import verifier_kwargs
-        from actors.vllm_engine import set_cpu_env
+        from actors.vllm_engine import set_engine_env
 
         v = VerifierConfig.model_validate(verifier)
-        set_cpu_env(v.tensor_parallel_size, in_process=False)
+        # Before the engine exists: model runner V1 (the remote proposer hooks V1 only), vLLM-CPU's settings.
+        set_engine_env(v.tensor_parallel_size, in_process=False)
         client = {
             "client": "cluster.draft_client:ServeDraftClient",
             "app_name": drafter.app_name,

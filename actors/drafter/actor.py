@@ -24,7 +24,10 @@ import numpy as np
 
 from actors.drafter.branches import BranchConfig
 from actors.drafter.engine import DrafterEngine
+from actors.drafter.placement import detect_placement
+from actors.eagle.checkpoint import SHARED_TENSOR_NAMES
 from actors.eagle.compat import check_head_fits_target, target_text_config
+from actors.eagle.hub import HEAD_FILES, resolve_model_dir, resolve_target_dir
 from actors.eagle.spec import load_head_spec
 from actors.messages import BranchTable, DraftResult, DraftStatus, DraftStep, SeqSlice
 
@@ -36,25 +39,39 @@ class DrafterActor:
     def __init__(self, head_dir: str, target_dir: str | None = None, max_model_len: int = 4096,
                  num_threads: int | None = None, drafter_id: str = "",
                  branches: BranchConfig | dict[str, Any] | None = None,
-                 cpu_affinity: list[int] | None = None) -> None:
-        """``cpu_affinity``: bind this process to these cores (a drafter with cores of its own)."""
+                 cpu_affinity: list[int] | None = None, device: str | None = None, dtype: str | None = None,
+                 max_num_seqs: int = 1024, kv_cache_gib: float | None = None) -> None:
+        """``cpu_affinity``: bind this process to these cores (a drafter with cores of its own).
+        ``max_num_seqs`` / ``kv_cache_gib``: the most sequences the draft KV cache holds, and its memory cap;
+        sequences past either get no drafts (``DraftResult.full_rows``), never an error.
+        ``device`` / ``dtype``: forced, or ``None`` to decide from the resources this actor was given and the head
+        (``actors.drafter.placement``): a GPU and the head's dtype when it has a GPU, else the CPU in float32."""
         if cpu_affinity:
             os.sched_setaffinity(0, cpu_affinity)
         if num_threads:
             import torch
 
             torch.set_num_threads(num_threads)
+        # Hub ids, as vLLM takes them, become their snapshot folders (with only what the drafter reads).
+        head_dir = str(resolve_model_dir(head_dir, HEAD_FILES))
         if target_dir is not None:
-            check_head_fits_target(load_head_spec(head_dir), target_text_config(target_dir))
+            target_dir = str(resolve_target_dir(target_dir, SHARED_TENSOR_NAMES))
+        spec = load_head_spec(head_dir)
+        if target_dir is not None:
+            check_head_fits_target(spec, target_text_config(target_dir))
         if isinstance(branches, dict):
             branches = BranchConfig(**branches)
+        self.placement = detect_placement(spec.raw, device, dtype)
         self.engine = DrafterEngine.from_checkpoint(head_dir, target_dir, max_model_len=max_model_len,
-                                                    branches=branches)
+                                                    branches=branches, device=self.placement.device,
+                                                    dtype=self.placement.dtype, max_num_seqs=max_num_seqs,
+                                                    kv_cache_gib=kv_cache_gib)
         self.head_dir = head_dir
         self.drafter_id = drafter_id  # answered with every result, so a pool's client knows who drafted
         self.steps = 0
         self.failures = 0
         self.cold_sequences = 0
+        self.full_sequences = 0  # sequence-steps answered without drafts for lack of room
         self.branch_hits = 0
         self.branch_lookups = 0
         self.compute_ms: deque[float] = deque(maxlen=1024)  # per step, since the last load_window() read
@@ -74,6 +91,7 @@ class DrafterActor:
                                  error=traceback.format_exc(limit=3))
         self.steps += 1
         self.cold_sequences += result.cold_sequences
+        self.full_sequences += len(result.full_rows)
         self.branch_hits += result.branch_hits
         self.branch_lookups += result.branch_lookups
         self.compute_ms.append(result.compute_ms)
@@ -118,10 +136,14 @@ class DrafterActor:
             "drafter_id": self.drafter_id,
             "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else "",
             "pid": os.getpid(),
+            "device": self.placement.device,
+            "dtype": str(self.placement.dtype).removeprefix("torch."),
             "active_sequences": self.engine.num_active_sequences,
             "steps": self.steps,
             "failures": self.failures,
             "cold_sequences": self.cold_sequences,
+            "full_sequences": self.full_sequences,
+            "max_sequences": self.engine.cache.max_slots,
             "async_drafting": self.engine.branch_config is not None,
             "branch_hits": self.branch_hits,
             "branch_lookups": self.branch_lookups,
@@ -160,6 +182,10 @@ def start_drafter_actor(
     num_threads: int | None = 1,
     branches: dict[str, Any] | None = None,
     cpu_affinity: list[int] | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    max_num_seqs: int = 1024,
+    kv_cache_gib: float | None = None,
 ):
     """A named ``DrafterActor`` on its own resources; returns its handle once the head is loaded.
 
@@ -172,7 +198,8 @@ def start_drafter_actor(
     if resources:
         opts["resources"] = resources
     handle = drafter_actor_class(**opts).remote(
-        head_dir, target_dir, max_model_len, num_threads, name or "", branches=branches, cpu_affinity=cpu_affinity
+        head_dir, target_dir, max_model_len, num_threads, name or "", branches=branches, cpu_affinity=cpu_affinity,
+        device=device, dtype=dtype, max_num_seqs=max_num_seqs, kv_cache_gib=kv_cache_gib,
     )
     ray.get(handle.ping.remote())
     return handle

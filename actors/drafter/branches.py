@@ -82,10 +82,10 @@ def guesses(
     outcomes, ys = [], []
     for rank in range(max(config.bonus_fanout, config.recovered_fanout)):
         if rank < config.bonus_fanout:
-            outcomes.append(torch.full((num_seqs, 1), s))
+            outcomes.append(torch.full((num_seqs, 1), s, device=logits.device))
             ys.append(bonus[:, rank : rank + 1])
         if recovered is not None and rank < config.recovered_fanout:
-            outcomes.append(torch.arange(s).expand(num_seqs, -1))
+            outcomes.append(torch.arange(s, device=logits.device).expand(num_seqs, -1))
             ys.append(recovered[:, :, rank])
     return torch.cat(outcomes, dim=1)[:, :per_sequence], torch.cat(ys, dim=1)[:, :per_sequence]
 
@@ -93,30 +93,36 @@ def guesses(
 class BranchAttention:
     """``AttendFn`` for branch passes: each branch row attends to its sequence's cache slot up to its base
     position (L+a; chunk and ``known_from`` rules as ``CacheAttention``) and to the branch's own rows so far,
-    which live here, not in the cache (branches of one sequence would overwrite each other)."""
+    which live here, not in the cache (branches of one sequence would overwrite each other).
+
+    ``slots`` and ``base`` are CPU tensors (window widths are read from them without a device round trip);
+    masks are computed on the device of the cache, next to the queries' positions."""
 
     def __init__(
         self,
         cache: DraftKVCache,
-        slots: torch.Tensor,  # [R] each branch's sequence slot
-        base: torch.Tensor,  # [R] L+a: the last cache position a branch may read
+        slots: torch.Tensor,  # [R] each branch's sequence slot (CPU)
+        base: torch.Tensor,  # [R] L+a: the last cache position a branch may read (CPU)
         chunk_sizes: dict[int, int | None],
     ) -> None:
         self.cache, self.slots, self.base, self.chunks = cache, slots, base, chunk_sizes
         self.first_q = base + 1  # position of each branch's first row
+        dev = cache.device
+        self.base_d, self.first_q_d = self.base.to(dev), self.first_q.to(dev)
+        self.known_from_d = cache.known_from[slots].to(dev)  # [R]
         self.local_k: dict[int, list[torch.Tensor]] = {}
         self.local_v: dict[int, list[torch.Tensor]] = {}
         self._slot_keys: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def _slot_window(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(key positions [R, W], keys, values [R, W, kv_heads, head_dim]) read once per layer."""
+        """(key positions [R, W] on the device, keys, values [R, W, kv_heads, head_dim]) read once per layer."""
         if layer not in self._slot_keys:
             chunk = self.chunks[layer]
             lo = (self.first_q // chunk) * chunk if chunk else torch.zeros_like(self.first_q)
             width = max(int((self.base - lo).max()) + 1, 1)
             key_pos = lo[:, None] + torch.arange(width)
             k, v = self.cache.read_window(layer, self.slots, key_pos.clamp(0, self.cache.max_len - 1))
-            self._slot_keys[layer] = (key_pos, k, v)
+            self._slot_keys[layer] = (key_pos.to(self.cache.device), k, v)
         return self._slot_keys[layer]
 
     def __call__(self, layer: int, q, k, v, positions) -> torch.Tensor:
@@ -125,9 +131,9 @@ class BranchAttention:
         self.local_v.setdefault(layer, []).append(v)
         key_pos, slot_k, slot_v = self._slot_window(layer)
         n_local = len(self.local_k[layer])
-        local_pos = self.first_q[:, None] + torch.arange(n_local)  # [R, n_local]
+        local_pos = self.first_q_d[:, None] + torch.arange(n_local, device=key_pos.device)  # [R, n_local]
         q_pos = positions[:, None]
-        slot_mask = (key_pos <= self.base[:, None]) & (key_pos >= self.cache.known_from[self.slots][:, None])
+        slot_mask = (key_pos <= self.base_d[:, None]) & (key_pos >= self.known_from_d[:, None])
         local_mask = torch.ones_like(local_pos, dtype=torch.bool)
         chunk = self.chunks[layer]
         if chunk:

@@ -13,6 +13,10 @@ One step, for B sequences holding N new rows in all (see ``actors.messages`` for
 
 All of it is batched: the only Python loop is over the k draft positions.
 
+Devices: the head, the draft KV cache and the activations live on ``device`` (in ``dtype``); the small index
+bookkeeping of a step (slots, positions, masks) is computed on the CPU, where it costs no device round trip, and
+copied to the device once per pass. ``actors.drafter.placement`` decides device and dtype for the actor.
+
 With asynchronous drafting (``branches``), sequences whose outcome was guessed skip all of that (their drafts
 were precomputed), and ``after_step`` does the rest off the critical path: ``actors.drafter.branches``.
 """
@@ -29,8 +33,7 @@ import numpy as np
 import torch
 
 from actors.drafter.branches import BranchAttention, BranchConfig, BranchEntry, guesses
-from actors.drafter.kv_cache import DraftKVCache
-from actors.eagle.checkpoint import load_head
+from actors.drafter.kv_cache import DraftKVCache, device_budget_gib
 from actors.eagle.heads import DraftHead
 from actors.eagle.layers import sdpa_attend
 from actors.messages import DraftResult, DraftStatus, DraftStep, SeqRole
@@ -38,13 +41,29 @@ from actors.messages import DraftResult, DraftStatus, DraftStep, SeqRole
 
 @dataclass
 class _Batch:
-    """Padded view of a step: query rows of B sequences laid out as ``[B, max_rows]``."""
+    """Padded view of a step: query rows of B sequences laid out as ``[B, max_rows]``. The fields are CPU
+    tensors; ``on_device`` holds the copies that device tensors are indexed with."""
 
     slots: torch.Tensor  # [B]
     row_seq: torch.Tensor  # [N] sequence index of each flat row
     row_local: torch.Tensor  # [N] index of each row within its sequence
     positions: torch.Tensor  # [N]
     max_rows: int
+    device: str | torch.device = "cpu"
+    on_device: dict[str, torch.Tensor] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.on_device = {
+            "row_slots": self.slots[self.row_seq].to(self.device),  # [N] slot of each row
+            "row_seq": self.row_seq.to(self.device),
+            "row_local": self.row_local.to(self.device),
+            "positions": self.positions.to(self.device),
+        }
+
+
+# Attention scores one sdpa call may hold ([B, heads, query rows, keys]): a long prompt's context pass attends in
+# blocks of query rows under this, so a 32k-token prefill does not ask for 40 x 32k x 32k scores at once.
+MAX_SCORES = 2**28
 
 
 class CacheAttention:
@@ -52,7 +71,8 @@ class CacheAttention:
 
     Keys are read per sequence from a window ``[lo, lo + width)`` of positions: from 0 for global layers, and
     for chunked-attention layers from the start of the chunk holding the sequence's first query row, so a
-    decode pass at position 1000 with chunk 128 reads at most 128 keys, not 1000.
+    decode pass at position 1000 with chunk 128 reads at most 128 keys, not 1000. Masks are made on the device
+    from the query and key positions, one block of query rows at a time (``MAX_SCORES``).
     """
 
     def __init__(self, cache: DraftKVCache, batch: _Batch, chunk_sizes: dict[int, int | None]) -> None:
@@ -64,33 +84,51 @@ class CacheAttention:
         self.q_pos[b.row_seq, b.row_local] = b.positions
         self.first_pos = self.q_pos[:, 0]  # [B] rows of a sequence are consecutive positions
         self.last_pos = self.q_pos.max(dim=1).values  # [B]
+        self.q_pos_d = self.q_pos.to(b.device)
+        self.known_from_d = cache.known_from[b.slots].to(b.device)  # [B]
         self._windows: dict[int | None, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._masks: dict[int | None, torch.Tensor] = {}  # when one block holds all query rows
 
     def window(self, chunk: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(key positions [B, width], mask [B, max_rows, width]) for layers with this chunk size."""
+        """Key positions [B, width] for layers with this chunk size: clamped to the cache, on the CPU (to read
+        it), and as they are, on the device (for masks)."""
         if chunk not in self._windows:
             lo = (self.first_pos // chunk) * chunk if chunk else torch.zeros_like(self.first_pos)
             width = int((self.last_pos - lo).max()) + 1
             key_pos = lo[:, None] + torch.arange(width)  # [B, width]
-            q = self.q_pos[:, :, None]
-            k = key_pos[:, None, :]
-            m = (k <= q) & (q >= 0) & (k >= self.cache.known_from[self.b.slots][:, None, None])
-            if chunk:
-                m &= (k // chunk) == (q // chunk)
-            m[:, :, 0] |= self.q_pos < 0  # padding rows see one key, to keep softmax finite
-            self._windows[chunk] = (key_pos.clamp(max=self.cache.max_len - 1), m)
+            self._windows[chunk] = (key_pos.clamp(max=self.cache.max_len - 1), key_pos.to(self.b.device))
         return self._windows[chunk]
 
+    def mask(self, chunk: int | None, key_pos: torch.Tensor, rows: slice) -> torch.Tensor:
+        """[B, len(rows), width] bool, True = may attend, for query rows ``rows`` and device key positions."""
+        q = self.q_pos_d[:, rows, None]
+        k = key_pos[:, None, :]
+        m = (k <= q) & (q >= 0) & (k >= self.known_from_d[:, None, None])
+        if chunk:
+            m &= (k // chunk) == (q // chunk)
+        m[:, :, 0] |= q[:, :, 0] < 0  # padding rows see one key, to keep softmax finite
+        return m
+
     def __call__(self, layer: int, q, k, v, positions) -> torch.Tensor:
-        b = self.b
-        self.cache.write(layer, b.slots[b.row_seq], b.positions, k, v)
-        key_pos, mask = self.window(self.chunks[layer])
+        b, dev = self.b, self.b.on_device
+        chunk = self.chunks[layer]
+        self.cache.write(layer, dev["row_slots"], dev["positions"], k, v)
+        key_pos, key_pos_d = self.window(chunk)
         keys, values = self.cache.read_window(layer, b.slots, key_pos)
-        num_seqs = b.slots.numel()
+        keys, values = keys.to(q.dtype), values.to(q.dtype)
+        num_seqs, width = b.slots.numel(), key_pos.shape[1]
         qp = q.new_zeros(num_seqs, b.max_rows, *q.shape[1:])
-        qp[b.row_seq, b.row_local] = q
-        out = sdpa_attend(qp, keys.to(q.dtype), values.to(q.dtype), mask)
-        return out[b.row_seq, b.row_local]  # [N, heads * head_dim]
+        qp[dev["row_seq"], dev["row_local"]] = q
+        block = max(1, MAX_SCORES // (num_seqs * q.shape[-2] * width))
+        if block >= b.max_rows:
+            if chunk not in self._masks:
+                self._masks[chunk] = self.mask(chunk, key_pos_d, slice(None))
+            out = sdpa_attend(qp, keys, values, self._masks[chunk])
+        else:
+            out = torch.cat([sdpa_attend(qp[:, r : r + block], keys, values,
+                                         self.mask(chunk, key_pos_d, slice(r, r + block)))
+                             for r in range(0, b.max_rows, block)], dim=1)
+        return out[dev["row_seq"], dev["row_local"]]  # [N, heads * head_dim]
 
 
 class Proposal(NamedTuple):
@@ -98,6 +136,7 @@ class Proposal(NamedTuple):
     cold: int = 0  # sequences that arrived mid-stream (re-homed)
     hit_rows: list[int] = []  # sequences answered from a precomputed branch (asynchronous drafting)
     branch_lookups: int = 0  # sequences that had branches for this step
+    full_rows: list[int] = []  # sequences with no room here (``DrafterEngine.no_room``): placeholder drafts
 
 
 @dataclass
@@ -105,9 +144,9 @@ class _Chain:
     """One step's drafting state for B sequences (notation: ``actors.drafter.branches``)."""
 
     req_ids: list[str]
-    slots: torch.Tensor  # [B]
-    last_pos: torch.Tensor  # [B] L: each sequence's last real row
-    logits: list[torch.Tensor]  # logits_0, logits_1, ...: each [B, draft_vocab]
+    slots: torch.Tensor  # [B] (CPU)
+    last_pos: torch.Tensor  # [B] L: each sequence's last real row (CPU)
+    logits: list[torch.Tensor]  # logits_0, logits_1, ...: each [B, draft_vocab] (device, as below)
     feats: list[torch.Tensor]  # f_1, f_2, ...: each [B, hidden_size]
     tokens: list[torch.Tensor] = field(default_factory=list)  # T_1, T_2, ...: each [B] target ids
     draft_ids: list[torch.Tensor] = field(default_factory=list)  # the same in the head's draft vocabulary
@@ -131,17 +170,37 @@ class DrafterEngine:
         max_num_seqs: int = 1024,
         device: str | torch.device = "cpu",
         branches: BranchConfig | None = None,
+        dtype: torch.dtype | None = None,
+        kv_cache_gib: float | None = None,
+        kv_cache_free_fraction: float = 0.6,
     ) -> None:
         """``branches``: asynchronous drafting (``actors.drafter.branches``); ``after_step`` then does the
-        off-critical-path work of each step, and must run before the next ``propose``."""
-        self.head = head.to(device).eval().fuse()
+        off-critical-path work of each step, and must run before the next ``propose``.
+        ``dtype``: of the weights, activations and draft KV cache (default: the head's as given).
+
+        Room: the draft KV cache holds a dense ``max_model_len`` slot per sequence, for at most ``max_num_seqs``
+        sequences and no more slots than fit in ``kv_cache_gib`` (default on CUDA: ``kv_cache_free_fraction`` of
+        the memory free once the weights are loaded; on a CPU, no memory cap). Sequences beyond either limit get
+        no drafts (``Proposal.full_rows``) instead of an error or an out-of-memory. The cache grows by doubling,
+        one layer's K or V at a time, so while growing it briefly holds up to 1.25x its budget (one-layer heads)."""
+        self.dtype = dtype or head.embed_tokens.weight.dtype
+        self.head = head.cast(self.dtype).to(device).eval().fuse()
         self.device = device
         spec = head.spec
         self.spec = spec
         self.max_model_len = max_model_len
+        slot_bytes = DraftKVCache.bytes_per_slot(spec.num_layers, spec.num_kv_heads, spec.head_dim,
+                                                 max_model_len + 1, self.dtype)
+        if kv_cache_gib is None:
+            kv_cache_gib = device_budget_gib(device, kv_cache_free_fraction)
+        if kv_cache_gib is not None:
+            max_num_seqs = min(max_num_seqs, int(kv_cache_gib * 2**30 // slot_bytes))
+            if max_num_seqs < 1:
+                raise ValueError(f"drafter: kv_cache_gib {kv_cache_gib} holds no sequence of max_model_len "
+                                 f"{max_model_len} ({slot_bytes / 2**30:.3f} GiB each)")
         self.cache = DraftKVCache(
             spec.num_layers, spec.num_kv_heads, spec.head_dim, max_len=max_model_len + 1,
-            max_slots=max_num_seqs, device=device,
+            initial_slots=min(8, max_num_seqs), max_slots=max_num_seqs, dtype=self.dtype, device=device,
         )
         self.chunks = {i: layer.self_attn.chunk_size for i, layer in enumerate(head.layers)}
         self.branch_config = branches
@@ -150,7 +209,9 @@ class DrafterEngine:
 
     @classmethod
     def from_checkpoint(cls, head_dir: str | Path, target_dir: str | Path | None = None, **kw) -> DrafterEngine:
-        return cls(load_head(head_dir, target_dir), **kw)
+        from actors.eagle.checkpoint import load_head  # safetensors: only for engines built from files
+
+        return cls(load_head(head_dir, target_dir, dtype=kw.get("dtype") or torch.float32), **kw)
 
     @property
     def num_active_sequences(self) -> int:
@@ -161,8 +222,43 @@ class DrafterEngine:
         for rid in req_ids:
             self.branch_table.pop(rid, None)
 
+    def no_room(self, step: DraftStep) -> list[int]:
+        """The sequences of ``step`` (indices) this drafter has no room for: those whose drafting would reach
+        past ``max_model_len`` (k - 1 positions past the last row; 2k with branches), then new ones once every
+        slot is taken (in step order). They get no drafts, and any draft state they had here is dropped."""
+        k = step.num_speculative_tokens
+        reach = 2 * k if self.branch_config is not None and k else max(k - 1, 0)
+        too_long = [i for i, s in enumerate(step.seqs)
+                    if s.start_position + s.num_tokens - 1 + reach >= self.max_model_len]
+        slot_of = self.cache.slot_of
+        room = self.cache.max_slots - self.cache.num_active + sum(step.seqs[i].req_id in slot_of for i in too_long)
+        full, skip = [], set(too_long)
+        for i, s in enumerate(step.seqs):
+            if i in skip:
+                full.append(i)
+            elif s.req_id not in slot_of:
+                if room > 0:
+                    room -= 1
+                else:
+                    full.append(i)
+        return full
+
+    def _propose_with_room(self, step: DraftStep, hidden: torch.Tensor, full: list[int], precompute: bool
+                           ) -> Proposal:
+        """``propose_tensors`` for the sequences that have room; placeholder drafts (zeros) for ``full``."""
+        self.free([step.seqs[i].req_id for i in full])
+        refused = set(full)
+        keep = [i for i in range(len(step.seqs)) if i not in refused]
+        drafts = torch.zeros(len(step.seqs), step.num_speculative_tokens, dtype=torch.long)
+        if not keep:
+            return Proposal(drafts, full_rows=full)
+        sub, rows = step.select(keep)
+        p = self.propose_tensors(sub, hidden[torch.from_numpy(rows)], precompute)
+        drafts[keep] = p.drafts
+        return Proposal(drafts, p.cold, [keep[i] for i in p.hit_rows], p.branch_lookups, full)
+
     def _pass(self, ids, hidden, batch: _Batch):
-        return self.head(ids, hidden, batch.positions, CacheAttention(self.cache, batch, self.chunks))
+        return self.head(ids, hidden, batch.on_device["positions"], CacheAttention(self.cache, batch, self.chunks))
 
     def _context(self, step: DraftStep, hidden: torch.Tensor) -> tuple[_Chain, int]:
         """Pass 0: all rows of all sequences at once, writing their K/V; each sequence's last row starts a chain."""
@@ -174,19 +270,20 @@ class DrafterEngine:
         row_seq = torch.repeat_interleave(torch.arange(num_seqs), counts)
         row_local = torch.arange(step.num_tokens) - starts[row_seq]
         positions = (first_pos[row_seq] + row_local).clamp(max=self.max_model_len - 1)
-        batch = _Batch(slots, row_seq, row_local, positions, int(counts.max()))
+        batch = _Batch(slots, row_seq, row_local, positions, int(counts.max()), self.device)
         ids = torch.from_numpy(step.input_ids.astype(np.int64)).to(self.device)
-        out, fed = self._pass(ids, self.head.combine(hidden.to(self.device, torch.float32)), batch)
+        out, fed = self._pass(ids, self.head.combine(hidden.to(self.device, self.dtype)), batch)
         last = starts + counts - 1
+        last_d = last.to(self.device)
         chain = _Chain([s.req_id for s in step.seqs], slots, positions[last],
-                       [self.head.draft_logits(out[last])], [fed[last]])
+                       [self.head.draft_logits(out[last_d])], [fed[last_d]])
         return chain, cold
 
     def _chain_pass(self, chain: _Chain, j: int) -> None:
         """Pass j + 1: position L + j + 1, input T_j+1, feature f_j+1 -> logits_j+1, f_j+2."""
         num_seqs = len(chain.req_ids)
         pos = (chain.last_pos + j + 1).clamp(max=self.max_model_len - 1)
-        b = _Batch(chain.slots, torch.arange(num_seqs), torch.zeros(num_seqs, dtype=torch.long), pos, 1)
+        b = _Batch(chain.slots, torch.arange(num_seqs), torch.zeros(num_seqs, dtype=torch.long), pos, 1, self.device)
         out, fed = self._pass(chain.tokens[j], chain.feats[j], b)
         chain.logits.append(self.head.draft_logits(out))
         chain.feats.append(fed)
@@ -220,9 +317,10 @@ class DrafterEngine:
             if s:
                 self._chain_pass(chain, s - 1)
             logits = torch.stack(chain.logits[: s + 1], dim=1)  # [B, s + 1, draft_vocab]
-            served = torch.stack(chain.draft_ids, dim=1) if s else torch.zeros(len(chain.req_ids), 0, dtype=torch.long)
+            served = (torch.stack(chain.draft_ids, dim=1) if s
+                      else torch.zeros(len(chain.req_ids), 0, dtype=torch.long, device=logits.device))
             outcome, guess = guesses(logits, served, self.branch_config, n)  # [B, n] each
-            rows.append((chain, outcome, guess, outcome.shape[1]))
+            rows.append((chain, outcome.cpu(), guess, outcome.shape[1]))
         if not rows:
             return {}
         slots, base, first, feats = [], [], [], []
@@ -232,13 +330,13 @@ class DrafterEngine:
             slots.append(chain.slots[seq])
             base.append(chain.last_pos[seq] + a)  # [R] L + a
             first.append(self.head.to_target_ids(guess.flatten()))  # [R] y
-            feats.append(torch.stack(chain.feats, dim=1)[seq, a])  # [R, hidden] f_a+1
+            feats.append(torch.stack(chain.feats, dim=1)[seq.to(self.device), a.to(self.device)])  # [R, hidden] f_a+1
         base_all = torch.cat(base)
         attend = BranchAttention(self.cache, torch.cat(slots), base_all, self.chunks)
         tok, hid = torch.cat(first), torch.cat(feats)
         drafts = []
         for i in range(k):
-            pos = (base_all + 1 + i).clamp(max=self.max_model_len - 1)
+            pos = (base_all + 1 + i).clamp(max=self.max_model_len - 1).to(self.device)
             out, hid = self.head(tok, hid, pos, attend)
             tok = self.head.greedy(out)
             drafts.append(tok)
@@ -272,10 +370,13 @@ class DrafterEngine:
         if num_seqs == 0:
             return Proposal(torch.zeros(0, k, dtype=torch.long))
         step.validate(hidden.shape[0], hidden.shape[1], self.spec.fused_hidden_size, self.spec.vocab_size)
+        full = self.no_room(step)
+        if full:
+            return self._propose_with_room(step, hidden, full, precompute)
         if self.branch_config is None or k == 0:
             chain, cold = self._context(step, hidden)
             self._draft(chain, k)
-            drafts = torch.stack(chain.tokens, dim=1) if k else torch.zeros(num_seqs, 0, dtype=torch.long)
+            drafts = torch.stack(chain.tokens, dim=1).cpu() if k else torch.zeros(num_seqs, 0, dtype=torch.long)
             return Proposal(drafts, cold)
 
         drafts = torch.zeros(num_seqs, k, dtype=torch.long)
@@ -299,7 +400,7 @@ class DrafterEngine:
             sub, rows = step.select(misses)
             miss_chain, cold = self._context(sub, hidden[torch.from_numpy(rows)])
             self._draft(miss_chain, k)
-            drafts[misses] = torch.stack(miss_chain.tokens, dim=1)
+            drafts[misses] = torch.stack(miss_chain.tokens, dim=1).cpu()
             pending.chains.append(miss_chain)
         if hits:
             drafts[hits] = torch.tensor(hit_drafts, dtype=torch.long)
@@ -323,6 +424,7 @@ class DrafterEngine:
         if p.fold is not None:
             sub, hidden, served = p.fold
             chain, _ = self._context(sub, hidden)
+            served = served.to(self.device)
             self._draft(chain, p.k, forced=(served, self.head.to_draft_ids(served)))
             chains.append(chain)
         if p.context is not None:
@@ -341,5 +443,5 @@ class DrafterEngine:
         return DraftResult(
             step.step_id, DraftStatus.OK, p.drafts.to(torch.int32).cpu().numpy(), (time.perf_counter() - start) * 1e3,
             active_sequences=self.num_active_sequences, cold_sequences=p.cold, branch_lookups=p.branch_lookups,
-            hit_rows=list(p.hit_rows),
+            hit_rows=list(p.hit_rows), full_rows=list(p.full_rows),
         )

@@ -20,6 +20,16 @@ class CacheFullError(RuntimeError):
     pass
 
 
+def device_budget_gib(device: str | torch.device, fraction: float) -> float | None:
+    """GiB the draft KV cache may take on ``device`` when no budget is configured: ``fraction`` of the memory
+    free now (call it once the weights are there; the rest is for activations and whoever shares the GPU).
+    ``None`` (no cap but the slot count) on a CPU."""
+    if torch.device(device).type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    return fraction * free / 2**30
+
+
 class DraftKVCache:
     def __init__(
         self,
@@ -39,13 +49,18 @@ class DraftKVCache:
         self.dtype, self.device = dtype, device
         self._allocate(initial_slots)
 
+    @staticmethod
+    def bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, max_len: int, dtype: torch.dtype) -> int:
+        """Memory one sequence's slot takes: K and V, ``[max_len, num_kv_heads, head_dim]`` per layer."""
+        return 2 * num_layers * max_len * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+
     def _allocate(self, num_slots: int) -> None:
         self.k = [torch.zeros(num_slots, *self.shape_tail, dtype=self.dtype, device=self.device)
                   for _ in range(self.num_layers)]
         self.v = [torch.zeros_like(t) for t in self.k]
         self.slot_of: dict[str, int] = {}
         self.free_slots = list(range(num_slots - 1, -1, -1))
-        self.known_from = torch.zeros(num_slots, dtype=torch.long, device=self.device)  # [num_slots]
+        self.known_from = torch.zeros(num_slots, dtype=torch.long)  # [num_slots] on the CPU: read per step
 
     @property
     def num_slots(self) -> int:
@@ -68,7 +83,7 @@ class DraftKVCache:
 
     def slots_for(
         self, req_ids: list[str], start_positions: list[int]
-    ) -> tuple[torch.Tensor, int]:  # ([B] slot indices, allocating new sequences; how many arrived mid-stream)
+    ) -> tuple[torch.Tensor, int]:  # ([B] slot indices (CPU), allocating new sequences; how many arrived mid-stream)
         out, cold = [], 0
         for rid, pos in zip(req_ids, start_positions, strict=True):
             slot = self.slot_of.get(rid)
@@ -82,7 +97,7 @@ class DraftKVCache:
             elif pos < self.known_from[slot]:  # restarted (preempted): everything from pos is rewritten
                 self.known_from[slot] = pos
             out.append(slot)
-        return torch.tensor(out, dtype=torch.long, device=self.device), cold
+        return torch.tensor(out, dtype=torch.long), cold
 
     def free(self, req_ids: list[str]) -> None:
         for rid in req_ids:
@@ -95,8 +110,8 @@ class DraftKVCache:
     def write(
         self,
         layer: int,
-        slots: torch.Tensor,  # [N] slot of each row
-        positions: torch.Tensor,  # [N]
+        slots: torch.Tensor,  # [N] slot of each row (on the cache's device)
+        positions: torch.Tensor,  # [N] (on the cache's device)
         k: torch.Tensor,  # [N, num_kv_heads, head_dim]
         v: torch.Tensor,  # [N, num_kv_heads, head_dim]
     ) -> None:
@@ -106,13 +121,15 @@ class DraftKVCache:
     def read_window(
         self,
         layer: int,
-        slots: torch.Tensor,  # [B]
-        positions: torch.Tensor,  # [B, width]: each row consecutive positions
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # each [B, width, num_kv_heads, head_dim]
+        slots: torch.Tensor,  # [B] (CPU)
+        positions: torch.Tensor,  # [B, width]: each row consecutive positions (CPU)
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # each [B, width, num_kv_heads, head_dim], on the cache's device
         lo, width = int(positions[0, 0]), positions.shape[1]
+        slots_d = slots.to(self.device)
         if int(positions[-1, -1]) == lo + width - 1 and bool((positions[:, 0] == lo).all()):
             # Every row reads the same positions (a global layer, or one attention chunk): one block copy per
             # slot, ~3x faster than the gather below.
-            return (self.k[layer][:, lo : lo + width].index_select(0, slots),
-                    self.v[layer][:, lo : lo + width].index_select(0, slots))
-        return self.k[layer][slots[:, None], positions], self.v[layer][slots[:, None], positions]
+            return (self.k[layer][:, lo : lo + width].index_select(0, slots_d),
+                    self.v[layer][:, lo : lo + width].index_select(0, slots_d))
+        idx = (slots_d[:, None], positions.to(self.device))
+        return self.k[layer][idx], self.v[layer][idx]

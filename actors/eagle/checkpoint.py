@@ -58,12 +58,15 @@ def _qk_heads(name: str, spec: HeadSpec) -> int | None:
     return None
 
 
+# The target tensors a head may share, under the names of text-only and multimodal Llama 4 checkpoints.
+SHARED_TENSOR_NAMES = frozenset({"model.embed_tokens.weight", "lm_head.weight",
+                                 "language_model.model.embed_tokens.weight", "language_model.lm_head.weight"})
+
+
 def target_shared_weights(target_dir: Path) -> dict[str, torch.Tensor]:
     """``embed_tokens`` and ``lm_head`` of a Hugging Face Llama 4 text checkpoint."""
     cfg = json.loads((target_dir / "config.json").read_text())
-    wanted = {"model.embed_tokens.weight", "lm_head.weight", "language_model.model.embed_tokens.weight",
-              "language_model.lm_head.weight"}
-    raw = read_tensors(target_dir, wanted)
+    raw = read_tensors(target_dir, set(SHARED_TENSOR_NAMES))
     embed = raw.get("model.embed_tokens.weight", raw.get("language_model.model.embed_tokens.weight"))
     head = raw.get("lm_head.weight", raw.get("language_model.lm_head.weight"))
     if head is None and cfg.get("tie_word_embeddings"):
@@ -114,7 +117,7 @@ def load_head(
     if absent:
         raise HeadConfigError(f"checkpoint: {head_dir} lacks {absent}")
     head.load_state_dict({k: (v if v.dtype in (torch.long, torch.bool) else v.to(dtype)) for k, v in state.items()})
-    return head.to(dtype).eval() if dtype != torch.float32 else head.eval()
+    return head.cast(dtype).eval() if dtype != torch.float32 else head.eval()
 
 
 def head_state_for_saving(head: DraftHead, share_embed: bool = True, share_lm_head: bool | None = None

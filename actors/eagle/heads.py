@@ -86,6 +86,14 @@ class DraftHead(nn.Module):
             # target id = draft id + d2t[draft id]
             self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
 
+    def cast(self, dtype: torch.dtype) -> DraftHead:
+        """Weights in ``dtype``; the rotary frequencies stay float32 (vLLM computes rotary angles in float32: in
+        bfloat16 a frequency's rounding error times a position in the thousands would be radians off)."""
+        self.to(dtype)
+        for layer in self.layers:
+            layer.self_attn.reset_freqs()
+        return self
+
     def fuse(self) -> DraftHead:
         """For inference (the drafter engine): q/k/v and gate/up projections as one matmul each."""
         for layer in self.layers:

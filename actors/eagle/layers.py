@@ -106,6 +106,10 @@ class DraftAttention(nn.Module):
         self.fused_qkv: torch.Tensor | None = None  # [(heads + 2 * kv_heads) * head_dim, input_size], see fuse()
         self.fused_qkv_bias: torch.Tensor | None = None
 
+    def reset_freqs(self) -> None:
+        """Rotary frequencies in float32 again, after a cast of the whole module (``DraftHead.cast``)."""
+        self.freqs = inv_freq(self.spec.rope, self.spec.head_dim).to(self.freqs.device)
+
     def fuse(self) -> None:
         """For inference: one matmul for q, k and v (the weights stay as they are, for saving and training)."""
         self.fused_qkv = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach()

@@ -62,7 +62,8 @@ class DraftReply:
     error: str = ""
     branch_lookups: int = 0  # sequences that had a branch table entry for this step
     hit_rows: list[int] = field(default_factory=list)  # sequences answered from their branch table
-    placeholder_rows: list[int] = field(default_factory=list)  # prompt steps not waited for (SeqRole.CONTEXT)
+    # prompt steps not waited for (SeqRole.CONTEXT), and sequences a drafter had no room for (DraftResult.full_rows)
+    placeholder_rows: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -321,6 +322,7 @@ class DraftClient:
             finally:
                 wait_ms += (time.perf_counter() - t) * 1e3
             reply.draft_token_ids[idx] = r.draft_token_ids
+            reply.placeholder_rows.extend(idx[j] for j in r.full_rows)
             link.report(r.active_sequences)
             compute_ms = max(compute_ms, r.compute_ms)
         if errors or (req_ids and not groups):

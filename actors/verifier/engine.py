@@ -48,9 +48,9 @@ def make_verifier_llm(
     target: str, speculative_config: dict[str, Any] | None, draft_client: dict[str, Any] | None, **engine: Any
 ):
     """An offline ``vllm.LLM`` verifier (tests, benchmarks); the Serve deployment uses the async engine."""
-    from actors.vllm_engine import set_cpu_env
+    from actors.vllm_engine import set_engine_env
 
-    set_cpu_env(engine.get("tensor_parallel_size", 1))
+    set_engine_env(engine.get("tensor_parallel_size", 1))
     from vllm import LLM
 
     return LLM(**verifier_kwargs(target, speculative_config, draft_client, **engine))

@@ -3,9 +3,9 @@
 Every engine this project builds uses it (baselines too, with ``remote_drafter: False``), so that all of them
 get the same CPU kernel fix (``actors.vllm_fixes``) and the same per-step timing.
 
-``init_device`` builds the model runner as usual, then replaces ``model_runner.drafter`` before
-``load_model`` runs, so no draft weights are ever loaded here. The drafter client comes from
-``additional_config["eagle_cluster"]["draft_client"]`` (see ``actors.verifier.client.build_client``).
+``init_device`` builds the model runner as usual (model runner V1: ``require_v1_runner``), then replaces
+``model_runner.drafter`` before ``load_model`` runs, so no draft weights are ever loaded here. The drafter client
+comes from ``additional_config["eagle_cluster"]["draft_client"]`` (see ``actors.verifier.client.build_client``).
 
 RPCs (``LLM.collective_rpc`` / ``engine.collective_rpc``): ``eagle_cluster_stats`` returns the proposer's
 counters, timings and per-request acceptance as plain dicts.
@@ -47,6 +47,21 @@ def _ensure_ray(address: str | None, namespace: str | None) -> None:
         ray.init(address=address, namespace=namespace, log_to_driver=False)
 
 
+V2_RUNNER_PACKAGES = ("vllm.v1.worker.gpu.", "vllm.v1.worker.cpu.")  # V1 runners: gpu_model_runner, cpu_model_runner
+
+
+def require_v1_runner(runner: Any) -> None:
+    """Refuse vLLM's model runner V2: it drafts through ``runner.speculator`` and has no ``runner.drafter``, so
+    neither the remote proposer nor the baselines' timing could hook it, and drafting would silently stay
+    local (or absent). ``actors.vllm_engine.use_v1_model_runner`` sets the variable for the engines built here."""
+    if hasattr(runner, "speculator") or type(runner).__module__.startswith(V2_RUNNER_PACKAGES):
+        raise RuntimeError(
+            f"eagle_cluster verifier: vLLM built model runner V2 ({type(runner).__module__}."
+            f"{type(runner).__name__}); the remote drafter hooks runner V1 only: set VLLM_USE_V2_MODEL_RUNNER=0 in "
+            "the environment of the process that builds the engine"
+        )
+
+
 class RemoteDraftWorker(_PlatformWorker):
     """The platform worker plus the remote proposer, and a time split of each step (for benchmarks)."""
 
@@ -86,6 +101,7 @@ class RemoteDraftWorker(_PlatformWorker):
     def init_device(self) -> None:
         super().init_device()
         runner = self.model_runner
+        require_v1_runner(runner)
         cfg: dict[str, Any] = (self.vllm_config.additional_config or {}).get(CONFIG_KEY, {})
         if cfg.get("owner_pid"):
             watch_owner(int(cfg["owner_pid"]))
@@ -95,10 +111,6 @@ class RemoteDraftWorker(_PlatformWorker):
                 runner.drafter.propose = self._timed_local_propose(runner.drafter.propose)
             return
         if self.vllm_config.speculative_config is None or not hasattr(runner, "drafter"):
-            if getattr(runner, "speculator", None) is not None:
-                raise RuntimeError(
-                    "eagle_cluster verifier: vLLM's model runner V2 is active; set VLLM_USE_V2_MODEL_RUNNER=0"
-                )
             raise RuntimeError("eagle_cluster verifier: the engine needs an EAGLE / EAGLE-3 speculative_config")
         pc = self.vllm_config.parallel_config
         is_driver = self.rank % (pc.tensor_parallel_size * pc.pipeline_parallel_size) == 0

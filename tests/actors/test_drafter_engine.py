@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from actors.drafter.branches import BranchConfig
 from actors.drafter.engine import DrafterEngine
 from actors.eagle.checkpoint import load_head
 from actors.eagle.layers import sdpa_attend
@@ -153,7 +154,6 @@ def test_branches_match_recompute_and_answer_hits(toy_heads, name):
     """Asynchronous drafting: every precomputed branch equals a full recompute of the head over the same rows
     (real rows, then the served drafts with the head's own features, then the guessed token); a step whose
     outcome was precomputed is answered from it."""
-    from actors.drafter.branches import BranchConfig
 
     target_dir, heads = toy_heads
     head = load_head(heads[name], target_dir)
@@ -197,7 +197,7 @@ def test_branches_match_recompute_and_answer_hits(toy_heads, name):
 
 def test_guesses_worked_example():
     """``guesses``' docstring: s = 1, fanouts 2 / 1, logits_0 top [T_1, u], logits_1 top [v, w]."""
-    from actors.drafter.branches import BranchConfig, guesses
+    from actors.drafter.branches import guesses
 
     t1, u, v, w = 5, 7, 2, 9
     logits = torch.zeros(1, 2, 10)
@@ -211,7 +211,6 @@ def test_guesses_worked_example():
 
 
 def test_fanout_shrinks_as_the_batch_grows():
-    from actors.drafter.branches import BranchConfig
 
     cfg = BranchConfig(bonus_fanout=2, recovered_fanout=1, max_branch_rows=8)
     assert [cfg.branches_per_sequence(3, b) for b in (1, 2, 4, 8, 9)] == [5, 4, 2, 1, 0]
@@ -223,7 +222,6 @@ def test_fanout_shrinks_as_the_batch_grows():
 def test_context_step_caches_rows_and_drafts_outcome_zero(toy_heads, name):
     """A prompt step the verifier did not wait for (``SeqRole.CONTEXT``): no drafts, and its branches are the
     drafts a recompute gives after the prompt and the guessed next token; the next step hits one."""
-    from actors.drafter.branches import BranchConfig
     from actors.messages import SeqRole
 
     target_dir, heads = toy_heads
@@ -246,3 +244,58 @@ def test_context_step_caches_rows_and_drafts_outcome_zero(toy_heads, name):
     step, h = make_step(1, k, [("p", n, torch.tensor([y]), torch.randn(1, head.spec.fused_hidden_size))])
     hit = engine.propose_tensors(step, h)
     assert hit.hit_rows == [0] and hit.drafts[0].tolist() == expected
+
+
+@pytest.mark.parametrize("name", ["eagle1", "eagle3"])
+def test_bfloat16_engine_matches_bfloat16_recompute(toy_heads, name):
+    """dtype plumbing (GPU drafters run heads in bfloat16; the same code runs here on the CPU): weights,
+    activations and the draft KV cache in bfloat16, rotary frequencies kept in float32, drafts equal to a
+    from-scratch recompute of the bfloat16 head; asynchronous drafting runs in bfloat16 too."""
+    target_dir, heads = toy_heads
+    engine = DrafterEngine(load_head(heads[name], target_dir), max_model_len=64, dtype=torch.bfloat16)
+    assert engine.head.fc.weight.dtype == torch.bfloat16
+    assert engine.cache.k[0].dtype == engine.cache.v[0].dtype == torch.bfloat16
+    assert engine.head.layers[0].self_attn.freqs.dtype == torch.float32
+    ref_head = load_head(heads[name], target_dir, dtype=torch.bfloat16)
+    width = engine.spec.fused_hidden_size
+    g = torch.Generator().manual_seed(2)
+    seqs = [(f"s{i}", 0, torch.randint(0, 300, (n,), generator=g), torch.randn(n, width, generator=g))
+            for i, n in enumerate([9, 3, 12])]
+    step, hidden = make_step(0, 3, seqs)
+    got = engine.propose_tensors(step, hidden).drafts  # float32 hidden from the verifier: cast on the way in
+    for i, (_, _, ids, h) in enumerate(seqs):
+        assert got[i].tolist() == reference_drafts(ref_head, ids, h.to(torch.bfloat16), 3)
+
+    branched = DrafterEngine(load_head(heads[name], target_dir), max_model_len=64, dtype=torch.bfloat16,
+                             branches=BranchConfig(bonus_fanout=2, recovered_fanout=1))
+    assert branched.propose_tensors(step, hidden).drafts.tolist() == got.tolist()
+    assert sorted(branched.after_step()) == ["s0", "s1", "s2"]
+
+
+def test_cast_keeps_rotary_frequencies_float32(toy_heads):
+    """In bfloat16, a frequency's rounding error times a position in the thousands is radians off."""
+    from actors.eagle.layers import inv_freq
+
+    target_dir, heads = toy_heads
+    head = load_head(heads["eagle1"], target_dir).cast(torch.bfloat16)
+    attn = head.layers[0].self_attn
+    assert torch.equal(attn.freqs, inv_freq(head.spec.rope, head.spec.head_dim))
+
+
+@pytest.mark.parametrize("name", ["eagle1", "eagle3"])
+def test_long_prompts_attend_in_blocks(toy_heads, name, monkeypatch):
+    """A context pass too big for one attention call (``MAX_SCORES``) attends one block of query rows at a time,
+    with the same drafts: here blocks of a single row."""
+    from actors.drafter import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "MAX_SCORES", 1)
+    target_dir, heads = toy_heads
+    head = load_head(heads[name], target_dir)
+    engine = DrafterEngine(head, max_model_len=64)
+    width = head.spec.fused_hidden_size
+    g = torch.Generator().manual_seed(3)
+    seqs = [(r, 0, torch.randint(0, 300, (n,), generator=g), torch.randn(n, width, generator=g))
+            for r, n in (("a", 13), ("b", 4))]  # "a" crosses two attention chunks (8)
+    got = engine.propose_tensors(*make_step(0, 3, seqs)).drafts
+    for i, (_, _, ids, h) in enumerate(seqs):
+        assert got[i].tolist() == reference_drafts(head, ids, h, 3)

@@ -195,3 +195,22 @@ def test_admission_limits_name_the_field(field):
     args = copy.deepcopy(CPU)
     args["ingress"] = {field: 0}
     assert f"ingress.{field}" in _error(args)
+
+
+def test_drafter_engine_options():
+    """dtype, slot cap and memory cap reach ``DrafterActor`` as its keyword arguments (``auto``: it decides)."""
+    import inspect
+
+    from actors.drafter.actor import DrafterActor
+
+    args = copy.deepcopy(CPU)
+    assert EagleClusterConfig.model_validate(args).drafter.for_engine() == {
+        "dtype": None, "max_num_seqs": 1024, "kv_cache_gib": None}
+    args["drafter"] = {"dtype": "bfloat16", "max_num_seqs": 64, "kv_cache_gib": 2.5}
+    opts = EagleClusterConfig.model_validate(args).drafter.for_engine()
+    assert opts == {"dtype": "bfloat16", "max_num_seqs": 64, "kv_cache_gib": 2.5}
+    assert set(opts) <= set(inspect.signature(DrafterActor).parameters)
+    for bad in ({"dtype": "int8"}, {"max_num_seqs": 0}, {"kv_cache_gib": 0}):
+        args["drafter"] = bad
+        with pytest.raises(ValidationError, match=next(iter(bad))):
+            EagleClusterConfig.model_validate(args)

@@ -1,0 +1,271 @@
+"""The drafter engine on an accelerator: milliseconds per draft step and draft KV memory for Llama 4 Scout-shaped
+EAGLE-1 and EAGLE-3 heads, against the same head without a KV cache.
+
+    python -m benchmarks.drafter_device                       # Scout shapes, bf16, on CUDA if there is one
+    python -m benchmarks.drafter_device --small               # tiny shapes: seconds on a CPU
+    python -m benchmarks.drafter_device --heads eagle3 --batch 1 32 --context 1024 --steps 10
+
+Needs only torch, numpy, msgpack and the project's drafter code (no vLLM, no Ray, no checkpoint files): the
+heads have random weights, which cost what trained ones cost. Shapes (``--small`` off): hidden 5120, 40 heads,
+8 KV heads, head dim 128, MLP 16384, target vocabulary 202048; EAGLE-1 is one Llama 4 layer (QK-norm, chunked
+attention 8192) sharing the target's vocabulary; EAGLE-3 is one layer reading three aux layers (3 x 5120 in)
+with a 32000-token draft vocabulary. Rotary is plain (theta 5e5): Scout's llama3 scaling changes the
+frequencies, not the cost, and needs ``transformers``.
+
+Per (head, batch, context): every sequence is first filled to ``context`` positions (prefill steps, not timed),
+then ``--steps`` decode steps are timed, each shipping 2 rows per sequence (one accepted draft and the bonus
+token) and drafting k=3. Contexts stay below Scout's 8192-token attention chunk, so EAGLE-1 attends over all of
+it. On CUDA each step is bracketed by ``torch.cuda.synchronize``. Columns:
+
+- ``engine``: median ms per step of ``DrafterEngine.propose_tensors`` (hidden states arrive in host memory, as
+  they do from the verifier);
+- ``floor``: the same head's passes for the same rows, attending only to each row itself (no KV cache read or
+  write, no bookkeeping): what a step costs at least;
+- ``recompute``: a plain PyTorch loop without cache reuse, each of the k passes re-running the head over a
+  sequence's whole context, one sequence after another (skipped past ``--recompute-max-tokens``);
+- ``KV MiB/seq``: draft KV cache bytes per sequence slot (dense ``[max_len, kv_heads, head_dim]`` per layer, K
+  and V); ``KV MiB``: what the cache holds for the batch (the engine's slot cap is the batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from actors.drafter.engine import DrafterEngine
+from actors.eagle.heads import DraftHead
+from actors.eagle.layers import sdpa_attend
+from actors.eagle.spec import HeadSpec, head_spec_from_dict
+from actors.messages import DraftStep, SeqSlice
+
+K = 3
+ROWS_PER_DECODE = 2  # one accepted draft and the bonus token per sequence and step
+
+SCOUT = dict(hidden_size=5120, num_attention_heads=40, num_key_value_heads=8, head_dim=128, vocab_size=202048,
+             intermediate_size=16384, rms_norm_eps=1e-5, max_position_embeddings=131072,
+             rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512,
+             intermediate_size=128, rms_norm_eps=1e-5, max_position_embeddings=4096,
+             rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+
+
+def head_config(method: str, small: bool) -> dict[str, Any]:
+    """A head ``config.json`` in vLLM's layout, Scout-shaped (or tiny)."""
+    base = dict(SMALL if small else SCOUT, num_hidden_layers=1)
+    if method == "eagle":
+        return dict(base, architectures=["EagleLlama4ForCausalLM"], model_type="llama4_text",
+                    intermediate_size_mlp=base["intermediate_size"], no_rope_layers=[1], use_qk_norm=True,
+                    attention_chunk_size=128 if small else 8192, interleave_moe_layer_step=0)
+    return dict(base, architectures=["Eagle3LlamaForCausalLM"], model_type="llama",
+                draft_vocab_size=128 if small else 32000, target_hidden_size=base["hidden_size"],
+                eagle_aux_hidden_state_layer_ids=[1, 23, 44])
+
+
+def random_head(spec: HeadSpec, device: str, dtype: torch.dtype, seed: int = 0) -> DraftHead:
+    """Random weights made in place on ``device`` (a Scout-sized vocabulary is 2 GB in bf16: never on the host)."""
+    with torch.device("meta"):
+        head = DraftHead(spec).to(dtype)
+    head = head.to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+        if spec.draft_vocab_size < spec.vocab_size:  # EAGLE-3: draft id i -> a sorted random subset of the vocab
+            keep = torch.randperm(spec.vocab_size, generator=gen, device=device)[: spec.draft_vocab_size].sort()
+            head.d2t.copy_(keep.values - torch.arange(spec.draft_vocab_size, device=device))
+    return head.cast(dtype)  # also recomputes the rotary frequencies that to_empty left unset
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(device: str, fn: Callable[[], Any], repeats: int) -> float:
+    """Median milliseconds of ``fn()`` over ``repeats`` calls (after one untimed call)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+_HIDDEN: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+
+def host_hidden(rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """Random hidden states [rows, width] in host memory, as the verifier ships them (made once per shape)."""
+    t = _HIDDEN.get((width, dtype))
+    if t is None or t.shape[0] < rows:
+        _HIDDEN.clear()
+        t = _HIDDEN[(width, dtype)] = torch.randn(rows, width, dtype=dtype)
+    return t[:rows]
+
+
+def make_step(step_id: int, seqs: list[tuple[str, int, int]], vocab: int, hidden: torch.Tensor
+              ) -> tuple[DraftStep, torch.Tensor]:
+    """seqs: (req_id, first position, rows) -> the step and its hidden rows (a slice of ``hidden``, on the host)."""
+    slices, off = [], 0
+    for rid, pos, rows in seqs:
+        slices.append(SeqSlice(rid, off, rows, pos))
+        off += rows
+    ids = np.random.randint(0, vocab, off).astype(np.int32)
+    return DraftStep(step_id, K, slices, ids), hidden[:off]
+
+
+def fill(engine: DrafterEngine, batch: int, context: int, hidden: torch.Tensor, max_rows: int) -> None:
+    """Prefill every sequence to ``context`` positions, as many sequences per step as ``max_rows`` allows."""
+    per_step = max(1, max_rows // context)
+    for first in range(0, batch, per_step):
+        seqs = [(f"s{b}", 0, context) for b in range(first, min(batch, first + per_step))]
+        engine.propose_tensors(*make_step(-1, seqs, engine.spec.vocab_size, hidden), precompute=False)
+
+
+def self_attend(layer: int, q, k, v, positions) -> torch.Tensor:
+    """Each row attends to itself only: the attention math of a pass without any cache."""
+    mask = torch.ones(q.shape[0], 1, 1, dtype=torch.bool, device=q.device)
+    return sdpa_attend(q[:, None], k[:, None], v[:, None], mask)[:, 0]
+
+
+def causal_attend(chunk: int | None) -> Callable:
+    def attend(layer: int, q, k, v, positions) -> torch.Tensor:
+        n = q.shape[0]
+        m = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        if chunk:
+            m &= (positions[:, None] // chunk) == (positions[None, :] // chunk)
+        return sdpa_attend(q[None], k[None], v[None], m[None])[0]
+
+    return attend
+
+
+@torch.inference_mode()
+def floor_step(head: DraftHead, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """ids [B * 2], hidden [B * 2, fused] (host), positions [B * 2] -> drafts [B, K]: the engine's passes, no cache."""
+    device = head.embed_tokens.weight.device
+    out, fed = head(ids.to(device), head.combine(hidden.to(device, head.embed_tokens.weight.dtype)),
+                    positions.to(device), self_attend)
+    last = torch.arange(ROWS_PER_DECODE - 1, ids.shape[0], ROWS_PER_DECODE, device=device)
+    out, fed, pos = out[last], fed[last], positions.to(device)[last]
+    drafts = []
+    for j in range(K):
+        tok = head.greedy(out)
+        drafts.append(tok)
+        if j + 1 < K:
+            out, fed = head(tok, fed, pos + j + 1, self_attend)
+    return torch.stack(drafts, dim=1).cpu()
+
+
+@torch.inference_mode()
+def recompute_step(head: DraftHead, batch: int, ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """Per sequence (all share the context ids [T] / hidden [T, fused], on the device): K passes over the whole
+    context and the drafts so far, no cache."""
+    chunk = head.layers[0].self_attn.chunk_size
+    drafts = []
+    for _ in range(batch):
+        tok_ids, hid = ids, head.combine(hidden)
+        seq = []
+        for _ in range(K):
+            pos = torch.arange(tok_ids.shape[0], device=ids.device)
+            out, fed = head(tok_ids, hid, pos, causal_attend(chunk))
+            tok = head.greedy(out[-1:])
+            seq.append(tok)
+            tok_ids, hid = torch.cat([tok_ids, tok]), torch.cat([hid, fed[-1:]])
+        drafts.append(torch.cat(seq))
+    return torch.stack(drafts).cpu()
+
+
+def measure(method: str, batch: int, context: int, args: argparse.Namespace, device: str, dtype: torch.dtype
+            ) -> dict[str, float | None]:
+    spec = head_spec_from_dict(head_config(method, args.small))
+    head = random_head(spec, device, dtype)
+    max_len = context + ROWS_PER_DECODE * (args.steps + 2) + K + 1
+    engine = DrafterEngine(head, max_model_len=max_len, max_num_seqs=batch, device=device, dtype=dtype)
+    rows = max(args.prefill_rows, context, batch * ROWS_PER_DECODE)
+    hidden = host_hidden(rows, spec.fused_hidden_size, dtype)
+    fill(engine, batch, context, hidden, args.prefill_rows)
+    position = context
+    times = []
+    for i in range(args.steps + 1):  # the first step is a warm-up
+        step, h = make_step(i, [(f"s{b}", position, ROWS_PER_DECODE) for b in range(batch)], spec.vocab_size, hidden)
+        sync(device)
+        start = time.perf_counter()
+        engine.propose_tensors(step, h, precompute=False)
+        sync(device)
+        if i:
+            times.append((time.perf_counter() - start) * 1e3)
+        position += ROWS_PER_DECODE
+    cache = engine.cache
+    slot_bytes = sum(t[0].numel() * t[0].element_size() for t in (*cache.k, *cache.v))
+    result: dict[str, float | None] = {
+        "engine": statistics.median(times),
+        "kv_mib_seq": slot_bytes / 2**20,
+        "kv_mib": slot_bytes * cache.num_slots / 2**20,
+    }
+    del engine, cache
+    step_ids = torch.from_numpy(np.random.randint(0, spec.vocab_size, batch * ROWS_PER_DECODE))
+    pos = torch.arange(context, context + ROWS_PER_DECODE).repeat(batch)
+    result["floor"] = timed(device, lambda: floor_step(head, step_ids, hidden[: batch * ROWS_PER_DECODE], pos),
+                            args.steps)
+    result["recompute"] = None
+    if batch * context <= args.recompute_max_tokens:
+        ctx_ids = torch.from_numpy(np.random.randint(0, spec.vocab_size, context)).to(device)
+        ctx_hidden = hidden[:context].to(device)
+        result["recompute"] = timed(device, lambda: recompute_step(head, batch, ctx_ids, ctx_hidden),
+                                    args.recompute_repeats)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--small", action="store_true", help="tiny shapes, for a CPU (seconds)")
+    p.add_argument("--heads", nargs="*", choices=["eagle", "eagle3"], default=["eagle", "eagle3"])
+    p.add_argument("--batch", type=int, nargs="*", default=None, help="default 1 8 32 64 128 (--small: 1 4)")
+    p.add_argument("--context", type=int, nargs="*", default=None, help="default 1024 8000 (--small: 32 96)")
+    p.add_argument("--steps", type=int, default=None, help="timed decode steps (default 20, --small 3)")
+    p.add_argument("--device", default=None, help="default: cuda if torch sees one, else cpu")
+    p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--threads", type=int, default=1, help="torch threads on a CPU")
+    p.add_argument("--prefill-rows", type=int, default=16384, help="rows per prefill step")
+    p.add_argument("--recompute-max-tokens", type=int, default=262144, help="skip recompute past batch x context")
+    p.add_argument("--recompute-repeats", type=int, default=2)
+    args = p.parse_args(argv)
+    args.batch = args.batch or ([1, 4] if args.small else [1, 8, 32, 64, 128])
+    args.context = args.context or ([32, 96] if args.small else [1024, 8000])
+    args.steps = args.steps or (3 if args.small else 20)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[
+        args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")]
+    if device == "cpu":
+        torch.set_num_threads(args.threads)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+    print(f"# drafter_device: {name}, {str(dtype).removeprefix('torch.')}, torch {torch.__version__}, k={K}, "
+          f"{'small' if args.small else 'Scout'} shapes, {args.steps} timed steps")
+    print("head | batch | context | engine ms/step | floor ms | recompute ms | engine/floor | KV MiB/seq | KV MiB")
+    for method in args.heads:
+        for context in args.context:
+            for batch in args.batch:
+                r = measure(method, batch, context, args, device, dtype)
+                if device.startswith("cuda"):
+                    torch.cuda.empty_cache()  # the last configuration's head and cache are gone: hand memory back
+                rec = f"{r['recompute']:.2f}" if r["recompute"] is not None else "-"
+                print(f"{method} | {batch} | {context} | {r['engine']:.2f} | {r['floor']:.2f} | {rec} | "
+                      f"{r['engine'] / r['floor']:.1f} | {r['kv_mib_seq']:.4g} | {r['kv_mib']:.4g}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""``benchmarks.drafter_device --small`` runs on a CPU with nothing but torch, numpy, msgpack and the drafter code
+(the GPU machine has no vLLM, Ray, transformers, safetensors or huggingface_hub), and prints its figures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ABSENT = ["vllm", "ray", "transformers", "safetensors", "huggingface_hub"]
+# Each absent package made unimportable, then the benchmark run as ``python -m`` would run it.
+RUN = (
+    "import runpy, sys\n"
+    f"for name in {ABSENT!r}:\n"
+    "    sys.modules[name] = None\n"
+    "sys.argv = ['drafter_device', '--small', '--steps', '2', '--batch', '1', '3', '--context', '16']\n"
+    "runpy.run_module('benchmarks.drafter_device', run_name='__main__')\n"
+)
+
+
+def test_small_mode_prints_figures_without_vllm_or_ray():
+    out = subprocess.run([sys.executable, "-c", RUN], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [line.split(" | ") for line in out.stdout.splitlines() if line.startswith("eagle")]
+    assert [(r[0], r[1], r[2]) for r in rows] == [(h, b, "16") for h in ("eagle", "eagle3") for b in ("1", "3")]
+    for _, batch, _, engine, floor, recompute, ratio, kv_seq, kv in rows:
+        assert min(float(engine), float(floor), float(recompute), float(ratio)) > 0
+        # Dense per slot: 1 layer x (K, V) x max_len x 2 KV heads x head dim 16 x 4 bytes (float32 on a CPU), where
+        # max_len = context 16 + 2 rows x (2 timed + 2) steps + k 3 + 1, plus the cache's one spare position.
+        assert float(kv_seq) == pytest.approx(2 * (16 + 2 * 4 + 3 + 1 + 1) * 2 * 16 * 4 / 2**20, rel=1e-3)
+        assert float(kv) == pytest.approx(float(kv_seq) * int(batch), rel=1e-3)  # the engine is capped at the batch
