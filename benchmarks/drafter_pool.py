@@ -33,9 +33,10 @@ def drafters_serving() -> dict[str, int]:
     from ray import serve
     from ray.util.state import list_actors
 
+    from cluster.config import DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT
     from cluster.drafter_router import route_key
 
-    handle = serve.get_deployment_handle("Drafter", app_name="eagle-cluster")
+    handle = serve.get_deployment_handle(DRAFTER_DEPLOYMENT, app_name=DRAFTER_APP_NAME)
     steps = {}
     for a in list_actors(filters=[("class_name", "=", "ServeReplica:eagle-cluster:Drafter"), ("state", "=", "ALIVE")]):
         rid = a.name.rsplit("#", 1)[-1]

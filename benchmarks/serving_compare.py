@@ -26,8 +26,6 @@ import urllib.request
 from dataclasses import asdict
 from pathlib import Path
 
-import yaml
-
 from benchmarks.serving import load_prompts, run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,14 +53,11 @@ def vllm_server(method: str | None) -> tuple[list[str], str]:
 
 def cluster_server(method: str, tmp: Path, drafter: dict | None = None, name: str = "") -> tuple[list[str], str]:
     """``serve run`` of ``deploy/cpu.yaml`` with this head (and ``drafter`` settings merged in)."""
-    doc = yaml.safe_load((ROOT / "deploy" / "cpu.yaml").read_text())
-    args = doc["applications"][0]["args"]
-    args["speculative_config"].update(method=method, model=str(HEADS[method]))
-    args["verifier"]["model"] = str(MODELS / "llama4-tiny")
-    args["drafter"].update(drafter or {})
-    doc.pop("grpc_options", None)
-    path = tmp / f"cluster-{method}{name}.yaml"
-    path.write_text(yaml.safe_dump(doc))
+    from cluster import deploy_yaml
+
+    doc = deploy_yaml.with_changes(deploy_yaml.load(), drafter=drafter, absolute=True,
+                                   speculative_config={"method": method, "model": str(HEADS[method])})
+    path = deploy_yaml.write(doc, tmp / f"cluster-{method}{name}.yaml")
     return [str(Path(sys.executable).parent / "serve"), "run", str(path)], "http://127.0.0.1:8000"
 
 

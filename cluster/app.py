@@ -1,24 +1,27 @@
-"""The app builder for ``serve run`` / ``serve deploy`` (``import_path: cluster.app:build_app``).
+"""The application builders for ``serve run`` / ``serve deploy``: two Serve applications.
 
+    eagle-cluster (cluster.app:build_app)                             eagle-drafters (cluster.app:build_drafter_app)
     Ingress (HTTP, gRPC, handle) ──handle──► Verifier (vLLM AsyncLLM, TP bundles) ──actor calls──► drafter actors
-                                                                                 ──handle (attach)──► Drafter (1..M)
+                                                                      ──handle (attach)──► Drafter (1..M replicas)
 
 Each drafter replica owns the drafter actor its bundle's resources go to (``cluster.drafter_server``); verifiers
-learn the actors through ``attach``, routed by ``cluster.drafter_router.SequenceAffinityRouter``, and call them
-straight. With ``autoscaling_config`` the pool scales with ``cluster.drafter_autoscaling.DrafterLoadPolicy``.
+learn the actors through ``attach`` on the drafter application's deployment, routed by
+``cluster.drafter_router.SequenceAffinityRouter``, and call them straight. With ``autoscaling_config`` the pool
+scales with ``cluster.drafter_autoscaling.DrafterLoadPolicy``.
 
-``build_app(args)`` validates the YAML ``args:`` block into ``EagleClusterConfig`` (errors name the field; model
-paths come out absolute, see ``cluster.config``) and binds the three deployments, handing each its downstream
-handle as a constructor argument. Each deployment is bound with its own sections of the config only, so that
-``serve deploy`` of a changed YAML restarts only what the change touches:
+Why two applications: Serve versions every deployment of an application by a hash of the application's whole
+``args`` (``ray.serve._private.deploy_utils.get_app_code_version``), so in one application any drafter change
+would restart the verifier and its vLLM engine. Apart, ``serve deploy`` of a changed YAML restarts only the
+application whose ``args`` changed:
 
     change                                          restarts
-    drafter.* (replicas, autoscaling, resources,    the Drafter replicas (rolling); the verifier's engine stays up
-      timeout_s, async_drafting, ...)
-    ingress.*                                       the Ingress replicas
-    verifier.*, speculative_config.*                the Verifier (its vLLM engine); the Drafters too when a model
-                                                    path or max_model_len changes (they load the head and the
-                                                    target's embeddings)
+    eagle-drafters args (replicas, autoscaling,     the Drafter replicas (rolling); the verifier's engine stays up,
+      resources, timeout_s, async_drafting, ...)    in-flight requests finish (their sequences re-home)
+    eagle-cluster args (verifier, speculative_      the Verifier (a new vLLM engine) and the Ingress
+      config, ingress)
+    the target or head path                         both applications (both name it)
+
+Both builders validate their ``args`` (errors name the field; model paths come out absolute, ``cluster.config``).
 """
 
 from __future__ import annotations
@@ -29,28 +32,25 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
-from cluster.config import EagleClusterConfig
+from cluster.config import DRAFTER_DEPLOYMENT, DrafterPoolConfig, EagleClusterConfig
 from cluster.drafter_server import DrafterServer
 from cluster.ingress import Ingress
 from cluster.verifier_server import VerifierServer
 
-APP_NAME = "eagle-cluster"  # the name deploy/*.yaml gives the application
-DRAFTER = "Drafter"
 VERIFIER = "Verifier"
 INGRESS = "Ingress"
 
 
-def build_app(args: dict[str, Any]) -> Application:
-    cfg = EagleClusterConfig.model_validate(args)
-    v, d = cfg.verifier, cfg.drafter
-
+def build_drafter_app(args: dict[str, Any]) -> Application:
+    """The drafter pool: one deployment, each replica owning a drafter actor."""
+    d = DrafterPoolConfig.model_validate(args)
     # Each replica owns a drafter actor that does the drafting: the replica's placement group holds the
     # configured resources in one bundle, the replica itself takes none of them, the actor takes them all.
     actor_opts: dict[str, Any] = {"num_cpus": d.num_cpus, "num_gpus": d.num_gpus, "resources": dict(d.resources)}
     drafter_bundle = {k: v for k, v in {"CPU": d.num_cpus, "GPU": d.num_gpus, **d.resources}.items() if v}
     replica_opts: dict[str, Any] = {"num_cpus": 0}
     drafter_opts: dict[str, Any] = {
-        "name": DRAFTER,
+        "name": DRAFTER_DEPLOYMENT,
         "ray_actor_options": replica_opts,
         "health_check_period_s": 5,
         "max_ongoing_requests": d.max_ongoing_requests,
@@ -68,11 +68,16 @@ def build_app(args: dict[str, Any]) -> Application:
         replica_opts["runtime_env"] = {"env_vars": {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": interval}}
     else:
         drafter_opts["num_replicas"] = d.num_replicas or 1
-    drafter = serve.deployment(DrafterServer).options(**drafter_opts).bind(
-        cfg.speculative_config.model, v.model, d.max_model_len or v.max_model_len + 8, d.num_threads,
+    return serve.deployment(DrafterServer).options(**drafter_opts).bind(
+        d.head, d.target, d.max_model_len, d.num_threads,
         d.async_drafting.for_drafter(), actor_opts, d.cpu_affinity, d.for_engine(), d.timeout_s,
     )
 
+
+def build_app(args: dict[str, Any]) -> Application:
+    """The verifier and its ingress; drafts come from the drafter application named ``drafter_app``."""
+    cfg = EagleClusterConfig.model_validate(args)
+    v = cfg.verifier
     bundle = {"GPU": 1, "CPU": v.num_cpus} if v.accelerator == "gpu" else {"CPU": v.num_cpus}
     bundle.update(v.resources)
     verifier = serve.deployment(VerifierServer).options(
@@ -83,7 +88,7 @@ def build_app(args: dict[str, Any]) -> Application:
         placement_group_strategy="STRICT_PACK",
         health_check_period_s=10,
         max_ongoing_requests=max(64, 2 * v.max_num_seqs),
-    ).bind(v.model_dump(), cfg.speculative_config.model_dump(), drafter)
+    ).bind(v.model_dump(), cfg.speculative_config.model_dump(), cfg.drafter_app)
 
     ingress = serve.deployment(serve.ingress()(Ingress)).options(
         name=INGRESS,

@@ -1,12 +1,23 @@
-"""The one config a ``serve deploy`` YAML's ``args:`` block validates into (``EagleClusterConfig``).
+"""The configs a ``serve deploy`` YAML's two applications validate their ``args:`` into.
+
+The verifier application (``cluster.app:build_app``, ``EagleClusterConfig``):
 
     args:
       verifier:    {model, served_model_name, tensor_parallel_size, max_model_len, engine_kwargs, num_replicas, ...}
       speculative_config: {method: eagle|eagle3, model, num_speculative_tokens, ...}   # vLLM's keys, as in the seeds
-      drafter:     {num_cpus, num_gpus, resources, num_replicas | autoscaling_config, max_model_len, dtype,
-                    max_num_seqs, kv_cache_gib, timeout_s, async_drafting, ...}
       ingress:     {api_key, grpc: {enabled, allow_unauthenticated}, metrics_require_api_key, max_body_bytes, max_n,
                     max_inflight_requests, retry_after_s, num_replicas}
+      drafter_app: eagle-drafters          # the drafter application's name
+
+The drafter application (``cluster.app:build_drafter_app``, ``DrafterPoolConfig``), a Serve application of its
+own so that it is configured, redeployed and scaled without touching the verifier (Serve versions every
+deployment of an application by a hash of the application's whole ``args``: one application would restart the
+verifier's engine for any drafter change):
+
+    args:
+      target: ..., head: ..., max_model_len: ...     # the verifier's model, speculative_config.model, and length
+      num_cpus, num_gpus, resources, num_replicas | autoscaling_config, dtype, max_num_seqs, kv_cache_gib,
+      timeout_s, async_drafting, ...
 
 Model paths: a relative path resolves against the current directory (a Serve ``runtime_env`` ``working_dir``
 when the YAML sets one), else against the project's folder (where ``models/`` ships), so a YAML means the same
@@ -28,10 +39,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator, model_validator
 
 from actors.eagle.compat import check_head_fits_target, target_text_config
-from actors.eagle.spec import HeadConfigError, load_head_spec
+from actors.eagle.spec import HeadConfigError, HeadSpec, load_head_spec
 
 logger = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # the folder holding cluster/ and models/
+APP_NAME = "eagle-cluster"  # the verifier application, as deploy/*.yaml names it
+DRAFTER_APP_NAME = "eagle-drafters"  # the drafter application
+DRAFTER_DEPLOYMENT = "Drafter"  # the drafter application's one deployment
 
 # Keys the seed PRs pass that this vLLM no longer has; accepted (so their JSON pastes as is) and dropped.
 LEGACY_SPECULATIVE_KEYS = {"prefill_token_shift"}
@@ -164,13 +178,24 @@ class AsyncDraftingConfig(_Strict):
         return self.model_dump(exclude={"enabled"}) if self.enabled else None
 
 
+def _head_fits(target: str, head: str, field: str) -> HeadSpec | None:
+    """The head's spec once checked against the target (local folders only; hub ids are checked at start)."""
+    if not (Path(target) / "config.json").is_file() or not (Path(head) / "config.json").is_file():
+        return None
+    try:
+        spec = load_head_spec(Path(head))
+        check_head_fits_target(spec, target_text_config(Path(target)))
+    except HeadConfigError as e:
+        raise ValueError(f"{field}: {e}") from None
+    return spec
+
+
 class DrafterConfig(_Strict):
     num_cpus: float = Field(1.0, ge=0)
     num_gpus: float = Field(0.0, ge=0)
     resources: dict[str, float] = Field(default_factory=dict)
     num_replicas: int | None = Field(None, ge=1)
     autoscaling_config: AutoscalingConfig | None = None
-    max_model_len: int | None = Field(None, ge=16)
     num_threads: int = Field(1, ge=1, description="torch threads per drafter replica")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto: the head's torch_dtype on a GPU, float32 on a CPU (actors.drafter.placement)")
@@ -231,11 +256,30 @@ class IngressConfig(_Strict):
         return self
 
 
+class DrafterPoolConfig(DrafterConfig):
+    """The drafter application's ``args``: which head drafts for which target, and the pool's settings."""
+
+    target: str = Field(description="the verifier's model (the drafter reads its embeddings / lm_head)")
+    head: str = Field(description="the EAGLE / EAGLE-3 head: the verifier's speculative_config.model")
+    max_model_len: int = Field(4096, ge=16, description="the longest sequence drafted for: the verifier's "
+                               "max_model_len or more (the last positions get no drafts past it)")
+
+    @field_validator("target", "head")
+    @classmethod
+    def _resolve(cls, v: str) -> str:
+        return resolve_model_path(v)
+
+    @model_validator(mode="after")
+    def _fits(self) -> DrafterPoolConfig:
+        _head_fits(self.target, self.head, "head")
+        return self
+
+
 class EagleClusterConfig(_Strict):
     verifier: VerifierConfig
     speculative_config: SpeculativeConfig
-    drafter: DrafterConfig = Field(default_factory=DrafterConfig)
     ingress: IngressConfig = Field(default_factory=IngressConfig)
+    drafter_app: str = Field(DRAFTER_APP_NAME, min_length=1, description="the drafter application's name")
 
     @field_validator("verifier", mode="before")
     @classmethod
@@ -256,15 +300,10 @@ class EagleClusterConfig(_Strict):
                 )
             if kv % tp and tp % kv:
                 raise ValueError(f"verifier.tensor_parallel_size: {tp} and the target's {kv} KV heads do not divide")
-            if (head / "config.json").is_file():
-                try:
-                    spec = load_head_spec(head)
-                    check_head_fits_target(spec, tcfg)
-                except HeadConfigError as e:
-                    raise ValueError(f"speculative_config.model: {e}") from None
-                if spec.method.value != self.speculative_config.method:
-                    raise ValueError(
-                        f"speculative_config.method: {self.speculative_config.method!r}, but {head} is an "
-                        f"{spec.method.value} head"
-                    )
+            spec = _head_fits(str(target), str(head), "speculative_config.model")
+            if spec is not None and spec.method.value != self.speculative_config.method:
+                raise ValueError(
+                    f"speculative_config.method: {self.speculative_config.method!r}, but {head} is an "
+                    f"{spec.method.value} head"
+                )
         return self

@@ -1,6 +1,6 @@
 """``make demo``: the CPU default served for real, driven over HTTP, in one command.
 
-Starts ``deploy/cpu.yaml``'s application in a local Ray cluster (an ingress, a vLLM-CPU verifier for the shipped
+Starts ``deploy/cpu.yaml``'s two applications in a local Ray cluster (an ingress, a vLLM-CPU verifier for the shipped
 Llama 4 target, and a drafter pool with the shipped EAGLE-3 head, hidden states and drafts crossing through
 Ray object refs), sends a few held-out prompts with the ``openai`` client to ``http://127.0.0.1:8000/v1``,
 prints the generations and the seed PRs' acceptance table read from ``/metrics``, then shuts everything down.
@@ -16,8 +16,6 @@ import argparse
 import time
 import urllib.request
 from pathlib import Path
-
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = "http://127.0.0.1:8000"
@@ -37,17 +35,20 @@ def main(argv: list[str] | None = None) -> None:
 
     from actors.metrics import from_prometheus_text
     from actors.train import corpus
-    from cluster.app import build_app
+    from cluster import deploy_yaml
+    from cluster.app import build_app, build_drafter_app
+    from cluster.config import APP_NAME, DRAFTER_APP_NAME
 
-    doc = yaml.safe_load(Path(args.config).read_text())
-    (app_cfg,) = doc["applications"]
+    doc = deploy_yaml.load(Path(args.config))
     http = doc.get("http_options", {})
     ray.init(include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": http.get("host", "127.0.0.1"), "port": http.get("port", 8000)})
         t0 = time.time()
         print("starting the CPU default (ingress, vLLM-CPU verifier, drafter pool) ...", flush=True)
-        serve.run(build_app(app_cfg["args"]), name=app_cfg["name"], route_prefix="/")
+        serve.run(build_drafter_app(deploy_yaml.app_args(doc, DRAFTER_APP_NAME)), name=DRAFTER_APP_NAME,
+                  route_prefix=None)
+        serve.run(build_app(deploy_yaml.app_args(doc, APP_NAME)), name=APP_NAME, route_prefix="/")
         print(f"serving at {BASE}/v1 after {time.time() - t0:.0f} s", flush=True)
         client = OpenAI(base_url=f"{BASE}/v1", api_key="none")
         model = client.models.list().data[0].id

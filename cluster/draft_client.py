@@ -26,6 +26,8 @@ from cluster.drafter_router import route_key
 
 logger = logging.getLogger(__name__)
 MAX_BLOCKING_ATTACHES = 8  # attach calls when the client knows no drafter (it learns the pool, up to this many)
+BLOCKING_ATTACH_TIMEOUT_S = 2.0  # a step waits at most this long for a first drafter...
+BLOCKING_BACKOFF_S = 10.0  # ...and, when none answered (the drafter application is not up), not again this soon
 
 
 class ServeDraftClient(DraftClient):
@@ -39,10 +41,12 @@ class ServeDraftClient(DraftClient):
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter-discovery")
         self._attaching: Future | None = None
         self._next_discovery = 0.0
+        self._next_blocking = 0.0
 
-    def _attach(self) -> tuple[str, Any, dict[str, Any]]:
+    def _attach(self, timeout_s: float | None = None) -> tuple[str, Any, dict[str, Any]]:
         """(replica id, drafter actor handle, info) of the least-loaded drafter replica."""
-        return self.handle.options(session_id=route_key(None, 1)).attach.remote().result(timeout_s=self.timeout_s)
+        call = self.handle.options(session_id=route_key(None, 1)).attach.remote()
+        return call.result(timeout_s=timeout_s or self.timeout_s)
 
     def _learn(self, drafter_id: str, actor: Any, info: dict[str, Any]) -> bool:
         """Add a drafter; True if it was new (then there may be more: ask again at once)."""
@@ -60,13 +64,14 @@ class ServeDraftClient(DraftClient):
                     self._next_discovery = now
             except Exception as e:
                 logger.info("finding a drafter replica failed (%s)", e)
-        if blocking:  # the router answers the least-loaded replica: ask until it names one we know
-            for _ in range(MAX_BLOCKING_ATTACHES):
+        if blocking and now >= self._next_blocking:  # the router answers the least-loaded replica: ask until it
+            for _ in range(MAX_BLOCKING_ATTACHES):      # names one we know
                 try:
-                    if not self._learn(*self._attach()):
+                    if not self._learn(*self._attach(BLOCKING_ATTACH_TIMEOUT_S)):
                         break
-                except Exception as e:  # no drafter now: this step drafts nothing
+                except Exception as e:  # no drafter now: this step drafts nothing; the background keeps asking
                     logger.warning("no drafter replica answered (%s)", e)
+                    self._next_blocking = now + BLOCKING_BACKOFF_S
                     break
             self._next_discovery = now + self.discover_period_s
         elif self._attaching is None and now >= self._next_discovery:

@@ -14,7 +14,7 @@ import os
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from cluster.config import SpeculativeConfig, VerifierConfig
+from cluster.config import DRAFTER_DEPLOYMENT, SpeculativeConfig, VerifierConfig
 
 logger = logging.getLogger(__name__)
 
@@ -54,12 +54,11 @@ def pool_metrics_text(stats: dict[str, Any]) -> str:
 
 
 class VerifierServer:
-    async def __init__(self, verifier: dict[str, Any], speculative_config: dict[str, Any], drafter) -> None:
-        """``verifier``, ``speculative_config``: those sections of the app's config, and nothing of the drafter
-        pool's, so that a drafter-side redeploy leaves this replica and its engine alone (the draft-call timeout
-        comes from the drafters, through ``attach``). ``drafter``: the drafter deployment's handle. vLLM's engine
-        runs in its own process, so it gets the handle's (application, deployment) names and opens its own handle
-        there."""
+    async def __init__(self, verifier: dict[str, Any], speculative_config: dict[str, Any], drafter_app: str) -> None:
+        """``verifier``, ``speculative_config``: those sections of the app's config. ``drafter_app``: the drafter
+        application's name; vLLM's engine runs in its own process, and its draft client opens a handle to that
+        application's drafter deployment there (the draft-call timeout comes from the drafters, through
+        ``attach``)."""
         import ray
         from starlette.datastructures import State
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -74,8 +73,8 @@ class VerifierServer:
         set_engine_env(v.tensor_parallel_size, in_process=False)
         client = {
             "client": "cluster.draft_client:ServeDraftClient",
-            "app_name": drafter.app_name,
-            "deployment_name": drafter.deployment_name,
+            "app_name": drafter_app,
+            "deployment_name": DRAFTER_DEPLOYMENT,
         }
         engine = dict(v.engine_kwargs)
         if v.accelerator == "gpu" and v.tensor_parallel_size > 1:

@@ -15,15 +15,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from benchmarks.serving_compare import stop
+from cluster import deploy_yaml
+from cluster.config import APP_NAME as APP
+from cluster.config import DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT
 from tests.conftest import ROOT
 
 HTTP = "http://127.0.0.1:8000"
 GRPC = "127.0.0.1:9000"  # Serve's gRPC proxy listens on all interfaces; the tests call it on loopback
 MODEL = "llama4-tiny"
-APP = "eagle-cluster"
 
 
 def get(path: str, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -50,24 +50,18 @@ def post(path: str, body: bytes, headers: dict | None = None, timeout: float = 6
 
 
 def cpu_config(tmp: Path, grpc: bool = False, **args: Any) -> Path:
-    """``deploy/cpu.yaml`` with its ``args`` sections updated (``drafter={...}`` merges into ``drafter``).
+    """``deploy/cpu.yaml`` with its ``args`` sections updated (``drafter={...}`` merges into the drafter
+    application's ``args``; see ``cluster.deploy_yaml.with_changes``), model paths absolute.
 
     ``grpc=True`` adds Serve's gRPC proxy on ``GRPC`` and turns the app's gRPC on, without a key unless ``ingress``
     sets one (``allow_unauthenticated``: a test server, up for minutes on a CI machine)."""
-    doc = yaml.safe_load((ROOT / "deploy" / "cpu.yaml").read_text())
-    app_args = doc["applications"][0]["args"]
+    doc = deploy_yaml.with_changes(deploy_yaml.load(), absolute=True, **args)
     if grpc:
         doc["grpc_options"] = {"port": int(GRPC.rsplit(":", 1)[1]), "grpc_servicer_functions": [
             "cluster.proto.eagle_cluster_pb2_grpc.add_EagleClusterServicer_to_server"]}
         keyless = "api_key" not in args.get("ingress", {})
-        app_args["ingress"]["grpc"] = {"enabled": True, "allow_unauthenticated": keyless}
-    for section, values in args.items():
-        app_args.setdefault(section, {}).update(values)
-    for section in ("verifier", "speculative_config"):
-        app_args[section]["model"] = str(ROOT / app_args[section]["model"])
-    path = tmp / "app.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+        deploy_yaml.app_args(doc)["ingress"]["grpc"] = {"enabled": True, "allow_unauthenticated": keyless}
+    return deploy_yaml.write(doc, tmp / "app.yaml")
 
 
 @contextlib.contextmanager
@@ -101,7 +95,8 @@ def replica_actors(deployment: str) -> list[dict[str, Any]]:
     Needs ``ray.init(address="auto")`` first."""
     from ray.util.state import list_actors
 
-    actors = list_actors(filters=[("class_name", "=", f"ServeReplica:{APP}:{deployment}"), ("state", "=", "ALIVE")])
+    app = DRAFTER_APP_NAME if deployment == DRAFTER_DEPLOYMENT else APP
+    actors = list_actors(filters=[("class_name", "=", f"ServeReplica:{app}:{deployment}"), ("state", "=", "ALIVE")])
     return [{"name": a.name, "pid": a.pid, "replica_id": a.name.rsplit("#", 1)[-1], "node_id": a.node_id}
             for a in actors]
 
@@ -112,5 +107,5 @@ def drafter_stats(replica_id: str) -> dict[str, Any]:
 
     from cluster.drafter_router import route_key
 
-    handle = serve.get_deployment_handle("Drafter", app_name=APP)
+    handle = serve.get_deployment_handle(DRAFTER_DEPLOYMENT, app_name=DRAFTER_APP_NAME)
     return handle.options(session_id=route_key(replica_id, 0)).stats.remote().result(timeout_s=30)

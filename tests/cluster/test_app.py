@@ -1,47 +1,54 @@
-"""``build_app`` hands each deployment only its own sections of the config, so that ``serve deploy`` of a
-changed YAML restarts only what the change touches (Serve restarts a deployment whose constructor arguments
-changed). The long-lived check with real processes is ``test_serve_deploy.py``."""
+"""The two applications ``cluster.app`` builds: what each deployment is bound with, and that the YAML's two
+``args`` blocks are independent, so that ``serve deploy`` of a changed drafter block restarts no verifier (Serve
+versions an application's deployments by a hash of that application's whole ``args``). The long-lived check with
+real processes is ``test_serve_deploy.py``."""
 
 from __future__ import annotations
 
-import copy
+import pytest
+from pydantic import ValidationError
+from ray.serve._private.deploy_utils import get_app_code_version
+from ray.serve.schema import ServeDeploySchema
 
-from cluster.app import build_app
-from tests.cluster.test_config import CPU
+from cluster import deploy_yaml
+from cluster.app import build_app, build_drafter_app
+from cluster.config import APP_NAME, DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT
 
 
-def _init_args(args: dict) -> dict[str, tuple]:
-    """Each deployment's constructor arguments, other deployments' handles left out."""
-    ingress = build_app(args)._bound_deployment  # Serve's Application keeps the bound deployment privately
+def _versions(doc: dict) -> dict[str, str]:
+    """Serve's code version of each application of a deploy YAML (what decides whether its replicas restart)."""
+    return {app.name: get_app_code_version(app) for app in ServeDeploySchema.model_validate(doc).applications}
+
+
+def test_a_drafter_change_leaves_the_verifier_application_alone():
+    doc = deploy_yaml.load()
+    changed = deploy_yaml.with_changes(doc, drafter={"num_replicas": 2, "timeout_s": 3.0,
+                                                     "async_drafting": {"enabled": True}})
+    before, after = _versions(doc), _versions(changed)
+    assert after[APP_NAME] == before[APP_NAME]
+    assert after[DRAFTER_APP_NAME] != before[DRAFTER_APP_NAME]
+
+
+def test_a_target_change_restarts_both_applications(tmp_path):
+    doc = deploy_yaml.load()
+    changed = deploy_yaml.with_changes(doc, verifier={"model": str(tmp_path / "target")})
+    before, after = _versions(doc), _versions(changed)
+    assert after[APP_NAME] != before[APP_NAME] and after[DRAFTER_APP_NAME] != before[DRAFTER_APP_NAME]
+
+
+def test_the_verifier_reaches_the_drafter_application_by_name():
+    doc = deploy_yaml.with_changes(deploy_yaml.load(), absolute=True)
+    ingress = build_app(deploy_yaml.app_args(doc, APP_NAME))._bound_deployment  # Serve keeps it privately
     verifier = ingress.init_args[0]._bound_deployment
-    drafter = verifier.init_args[-1]._bound_deployment
-    return {"Ingress": ingress.init_args[1:], "Verifier": verifier.init_args[:-1], "Drafter": drafter.init_args}
+    assert verifier.init_args[-1] == DRAFTER_APP_NAME
+    drafter = build_drafter_app(deploy_yaml.app_args(doc, DRAFTER_APP_NAME))._bound_deployment
+    assert drafter.name == DRAFTER_DEPLOYMENT
+    assert drafter.init_args[-1] == 10.0  # the draft-call timeout, handed to verifiers through attach
 
 
-def test_a_drafter_change_leaves_verifier_and_ingress_args_alone():
-    before = _init_args(CPU)
-    changed = copy.deepcopy(CPU)
-    changed["drafter"] = {"num_replicas": 2, "num_cpus": 0.25, "timeout_s": 3.0,
-                          "async_drafting": {"enabled": True, "max_branch_rows": 8}}
-    after = _init_args(changed)
-    assert after["Verifier"] == before["Verifier"]
-    assert after["Ingress"] == before["Ingress"]
-    assert after["Drafter"] != before["Drafter"]
-    assert 3.0 in after["Drafter"]  # the draft-call timeout reaches verifiers through the drafters' attach
-
-
-def test_a_target_change_restarts_the_verifier_and_the_drafters(tmp_path):
-    target = tmp_path / "target"
-    target.symlink_to(CPU["verifier"]["model"], target_is_directory=True)
-    before = _init_args(CPU)
-    after = _init_args({**CPU, "verifier": {"model": str(target), "served_model_name": "llama4-tiny"}})
-    assert after["Verifier"] != before["Verifier"]
-    assert after["Drafter"] != before["Drafter"]
-    assert after["Ingress"] == before["Ingress"]
-
-
-def test_an_ingress_change_touches_the_ingress_only():
-    before = _init_args(CPU)
-    after = _init_args({**CPU, "ingress": {"api_key": "k"}})
-    assert after["Ingress"] != before["Ingress"]
-    assert (after["Verifier"], after["Drafter"]) == (before["Verifier"], before["Drafter"])
+def test_drafter_application_args_are_checked():
+    args = deploy_yaml.app_args(deploy_yaml.load(), DRAFTER_APP_NAME)
+    with pytest.raises(ValidationError, match="head"):
+        build_drafter_app({k: v for k, v in args.items() if k != "head"})
+    with pytest.raises(ValidationError, match="num_replicas or autoscaling_config"):
+        build_drafter_app({**args, "autoscaling_config": {"max_replicas": 2}})

@@ -1,4 +1,5 @@
-"""Every YAML in deploy/ validates (GPU ones without running); bad configs are refused naming the field."""
+"""Every YAML in deploy/ validates, both applications (GPU ones without running); bad configs are refused naming
+the field."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from cluster.config import EagleClusterConfig
+from cluster import deploy_yaml
+from cluster.config import APP_NAME, DRAFTER_APP_NAME, DrafterPoolConfig, EagleClusterConfig
 from tests.conftest import EAGLE1, EAGLE3, ROOT, TARGET
 
 YAMLS = sorted((ROOT / "deploy").glob("*.yaml"))
@@ -17,13 +19,13 @@ CPU = {
     "verifier": {"model": str(TARGET)},
     "speculative_config": {"method": "eagle3", "model": str(EAGLE3), "num_speculative_tokens": 3},
 }
+POOL = {"target": str(TARGET), "head": str(EAGLE3)}  # the drafter application's args, at their least
 
 
-def app_args(path: Path) -> dict:
-    doc = yaml.safe_load(path.read_text())
-    (app,) = doc["applications"]
-    assert app["import_path"] == "cluster.app:build_app"
-    return app["args"]
+def app_args(path: Path, name: str = APP_NAME) -> dict:
+    doc = deploy_yaml.load(path)
+    assert [a["import_path"] for a in doc["applications"]] == ["cluster.app:build_app", "cluster.app:build_drafter_app"]
+    return deploy_yaml.app_args(doc, name)
 
 
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
@@ -31,6 +33,9 @@ def test_deploy_yaml_validates(path, monkeypatch):
     monkeypatch.chdir(ROOT)
     cfg = EagleClusterConfig.model_validate(app_args(path))
     assert cfg.speculative_config.num_speculative_tokens >= 1
+    pool = DrafterPoolConfig.model_validate(app_args(path, DRAFTER_APP_NAME))
+    assert (pool.target, pool.head) == (cfg.verifier.model, cfg.speculative_config.model)  # the same models
+    assert pool.max_model_len >= cfg.verifier.max_model_len
 
 
 def test_there_are_cpu_and_gpu_configs():
@@ -49,10 +54,18 @@ def test_seed_json_pastes_as_is():
     assert "prefill_token_shift" not in cfg.speculative_config.for_vllm()
 
 
-def _error(args) -> str:
+def _error(args, schema: type = EagleClusterConfig) -> str:
     with pytest.raises(ValidationError) as e:
-        EagleClusterConfig.model_validate(args)
+        schema.model_validate(args)
     return str(e.value)
+
+
+def _pool(**drafter) -> DrafterPoolConfig:
+    return DrafterPoolConfig.model_validate({**POOL, **drafter})
+
+
+def _pool_error(**drafter) -> str:
+    return _error({**POOL, **drafter}, DrafterPoolConfig)
 
 
 @pytest.mark.parametrize(
@@ -64,7 +77,6 @@ def _error(args) -> str:
         (("verifier", "tensor_parallel_size"), 3, "tensor_parallel_size: 3 does not divide the target's 8"),
         (("verifier", "max_num_seqs"), -1, "verifier.max_num_seqs"),
         (("verifier", "nonsense"), 1, "verifier.nonsense"),
-        (("drafter", "num_gpus"), -1, "drafter.num_gpus"),
         (("speculative_config", "method"), "eagle", "but"),  # an EAGLE-3 head declared as EAGLE
     ],
 )
@@ -80,14 +92,19 @@ def test_drafter_for_another_target(toy_heads):
     args["speculative_config"] = {"method": "eagle", "model": str(heads["eagle1"]), "num_speculative_tokens": 3}
     msg = _error(args)
     assert "speculative_config.model" in msg and "vocab_size 300 != the target's vocab_size 4096" in msg
+    msg = _pool_error(head=str(heads["eagle1"]))
+    assert "head" in msg and "vocab_size 300 != the target's vocab_size 4096" in msg
+
+
+@pytest.mark.parametrize(("field", "value"), [("num_gpus", -1), ("max_model_len", 8), ("timeout_s", 0),
+                                              ("nonsense", 1)])
+def test_bad_drafter_config_names_the_field(field, value):
+    assert field in _pool_error(**{field: value})
 
 
 def test_autoscaling_and_fixed_replicas_exclusive():
-    args = copy.deepcopy(CPU)
-    args["drafter"] = {"num_replicas": 2, "autoscaling_config": {"min_replicas": 1, "max_replicas": 2}}
-    assert "not both" in _error(args)
-    args["drafter"] = {"autoscaling_config": {"min_replicas": 3, "max_replicas": 2}}
-    assert "min_replicas 3 > max_replicas 2" in _error(args)
+    assert "not both" in _pool_error(num_replicas=2, autoscaling_config={"min_replicas": 1, "max_replicas": 2})
+    assert "min_replicas 3 > max_replicas 2" in _pool_error(autoscaling_config={"min_replicas": 3, "max_replicas": 2})
 
 
 def test_grpc_stubs_are_current(tmp_path):
@@ -101,37 +118,22 @@ def test_grpc_stubs_are_current(tmp_path):
 
 
 def test_async_drafting_config():
-    args = copy.deepcopy(CPU)
-    assert EagleClusterConfig.model_validate(args).drafter.async_drafting.for_drafter() is None  # off by default
-    args["drafter"] = {"async_drafting": {"enabled": True}}
-    assert EagleClusterConfig.model_validate(args).drafter.async_drafting.for_drafter() == {
+    assert _pool().async_drafting.for_drafter() is None  # off by default
+    assert _pool(async_drafting={"enabled": True}).async_drafting.for_drafter() == {
         "bonus_fanout": 2, "recovered_fanout": 1, "max_branch_rows": 32}
-    args["drafter"] = {"async_drafting": {"enabled": True, "bonus_fanout": 0}}
-    with pytest.raises(ValidationError, match="bonus_fanout"):
-        EagleClusterConfig.model_validate(args)
-    args["drafter"] = {"async_drafting": {"enabled": True, "max_branch_rows": -1}}
-    with pytest.raises(ValidationError, match="max_branch_rows"):
-        EagleClusterConfig.model_validate(args)
+    assert "bonus_fanout" in _pool_error(async_drafting={"enabled": True, "bonus_fanout": 0})
+    assert "max_branch_rows" in _pool_error(async_drafting={"enabled": True, "max_branch_rows": -1})
 
 
 def test_drafter_cpu_affinity_is_checked():
-    args = copy.deepcopy(CPU)
-    args["drafter"] = {"cpu_affinity": [1]}
-    assert EagleClusterConfig.model_validate(args).drafter.cpu_affinity == [1]
+    assert _pool(cpu_affinity=[1]).cpu_affinity == [1]
     for bad in ([], [-1]):
-        args["drafter"] = {"cpu_affinity": bad}
-        with pytest.raises(ValidationError, match="cpu_affinity"):
-            EagleClusterConfig.model_validate(args)
+        assert "cpu_affinity" in _pool_error(cpu_affinity=bad)
 
 
 def test_autoscaling_config_is_checked():
-    args = copy.deepcopy(CPU)
-    args["drafter"] = {"autoscaling_config": {"look_back_period_s": 1, "metrics_interval_s": 2}}
-    with pytest.raises(ValidationError, match="look_back_period_s"):
-        EagleClusterConfig.model_validate(args)
-    args["drafter"] = {"autoscaling_config": {"target_sequences_per_replica": 0}}
-    with pytest.raises(ValidationError, match="target_sequences_per_replica"):
-        EagleClusterConfig.model_validate(args)
+    assert "look_back_period_s" in _pool_error(autoscaling_config={"look_back_period_s": 1, "metrics_interval_s": 2})
+    assert "target_sequences_per_replica" in _pool_error(autoscaling_config={"target_sequences_per_replica": 0})
 
 
 def test_model_paths_resolve_wherever_ray_started(monkeypatch, tmp_path):
@@ -146,6 +148,8 @@ def test_model_paths_resolve_wherever_ray_started(monkeypatch, tmp_path):
     assert cfg.verifier.model == str(tmp_path / "models" / "llama4-tiny")  # a runtime_env working_dir wins
     hub = EagleClusterConfig.model_validate({**CPU, "verifier": {"model": "meta-llama/Llama-4-Scout-17B-16E"}})
     assert hub.verifier.model == "meta-llama/Llama-4-Scout-17B-16E"
+    pool = DrafterPoolConfig.model_validate(app_args(ROOT / "deploy" / "cpu.yaml", DRAFTER_APP_NAME))
+    assert (pool.target, pool.head) == (str(tmp_path / "models" / "llama4-tiny"), str(EAGLE3))
 
 
 def test_grpc_needs_a_key_or_an_explicit_opt_in():
@@ -177,7 +181,7 @@ def test_test_servers_grpc_config_validates(tmp_path):
 
     for ingress in ({}, {"api_key": "k"}):
         doc = yaml.safe_load(cpu_config(tmp_path, grpc=True, ingress=ingress).read_text())
-        cfg = EagleClusterConfig.model_validate(doc["applications"][0]["args"])
+        cfg = EagleClusterConfig.model_validate(deploy_yaml.app_args(doc))
         assert cfg.ingress.grpc.enabled and doc["grpc_options"]["grpc_servicer_functions"]
         assert cfg.ingress.grpc.allow_unauthenticated == (ingress == {})
 
@@ -203,14 +207,9 @@ def test_drafter_engine_options():
 
     from actors.drafter.actor import DrafterActor
 
-    args = copy.deepcopy(CPU)
-    assert EagleClusterConfig.model_validate(args).drafter.for_engine() == {
-        "dtype": None, "max_num_seqs": 1024, "kv_cache_gib": None}
-    args["drafter"] = {"dtype": "bfloat16", "max_num_seqs": 64, "kv_cache_gib": 2.5}
-    opts = EagleClusterConfig.model_validate(args).drafter.for_engine()
+    assert _pool().for_engine() == {"dtype": None, "max_num_seqs": 1024, "kv_cache_gib": None}
+    opts = _pool(dtype="bfloat16", max_num_seqs=64, kv_cache_gib=2.5).for_engine()
     assert opts == {"dtype": "bfloat16", "max_num_seqs": 64, "kv_cache_gib": 2.5}
     assert set(opts) <= set(inspect.signature(DrafterActor).parameters)
     for bad in ({"dtype": "int8"}, {"max_num_seqs": 0}, {"kv_cache_gib": 0}):
-        args["drafter"] = bad
-        with pytest.raises(ValidationError, match=next(iter(bad))):
-            EagleClusterConfig.model_validate(args)
+        assert next(iter(bad)) in _pool_error(**bad)

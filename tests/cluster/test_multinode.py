@@ -33,7 +33,8 @@ def nodes(reference):
     from ray import serve
     from ray.cluster_utils import Cluster
 
-    from cluster.app import build_app
+    from cluster.app import build_app, build_drafter_app
+    from cluster.config import DRAFTER_APP_NAME
 
     # The verifiers go on the head node: vLLM's engine process joins Ray as a driver on its own host, and with
     # several simulated nodes on one host Ray connects drivers to the head's raylet (one raylet per host in a
@@ -48,8 +49,10 @@ def nodes(reference):
             "verifier": {"model": str(TARGET), "served_model_name": "llama4-tiny", "max_model_len": 512,
                          "num_replicas": 2, "num_cpus": 0.5, "resources": {"verifier_node": 1}},
             "speculative_config": {"method": "eagle", "model": str(EAGLE1), "num_speculative_tokens": 3},
-            "drafter": {"num_cpus": 0.5, "num_replicas": 1, "resources": {"drafter_node": 1}},
         })
+        drafters = build_drafter_app({"target": str(TARGET), "head": str(EAGLE1), "max_model_len": 512,
+                                      "num_cpus": 0.5, "num_replicas": 1, "resources": {"drafter_node": 1}})
+        serve.run(drafters, name=DRAFTER_APP_NAME, route_prefix=None)
         serve.run(app, name=APP, route_prefix="/")
         yield {"verifier": verifier_node.node_id, "drafter": drafter_node.node_id}
     finally:

@@ -2,8 +2,8 @@
 deploy`` of the CPU default (its relative model paths unchanged), completions through the ``openai`` client, then
 two redeploys and what each costs:
 
-- drafter side (``drafter.num_replicas: 2``) while 16 requests stream: every stream finishes with greedy output
-  identical to vLLM target-only, and the verifier's replica process is the same one;
+- the drafter application (``num_replicas: 2`` in its args) while 16 requests stream: every stream finishes
+  with greedy output identical to vLLM target-only, and the verifier's replica process is the same one;
 - target model (a copy of the checkpoint in another folder): a new verifier replica (and new drafters); the seconds
   without service are printed (``-s``) and written in the README.
 
@@ -25,7 +25,9 @@ import pytest
 import yaml
 
 from benchmarks.serving import load_prompts
-from tests.cluster.serve_helpers import APP, HTTP, MODEL, get
+from cluster import deploy_yaml
+from cluster.config import APP_NAME, DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT
+from tests.cluster.serve_helpers import HTTP, MODEL, get
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -45,32 +47,29 @@ def cli(*args: str, cwd: Path, check: bool = True, timeout: float = 300) -> str:
 
 def replica_pids(deployment: str, cwd: Path) -> set[int]:
     """The process ids of one deployment's alive replicas (Ray's state CLI: this process never joins the cluster)."""
+    app = DRAFTER_APP_NAME if deployment == DRAFTER_DEPLOYMENT else APP_NAME
     out = cli("ray", "list", "actors", "--format", "json", "--limit", "1000", "--filter", "state=ALIVE",
-              "--filter", f"class_name=ServeReplica:{APP}:{deployment}", cwd=cwd)
+              "--filter", f"class_name=ServeReplica:{app}:{deployment}", cwd=cwd)
     return {a["pid"] for a in json.loads(out)} if out.lstrip().startswith("[") else set()
 
 
-def app_yaml(tmp: Path, name: str, **sections: dict) -> Path:
-    """The shipped ``deploy/cpu.yaml`` (relative model paths kept), without gRPC, ``sections`` merged in."""
-    doc = yaml.safe_load((ROOT / "deploy" / "cpu.yaml").read_text())
-    doc.pop("grpc_options", None)
-    args = doc["applications"][0]["args"]
-    for section, values in sections.items():
-        args[section].update(values)
-    path = tmp / name
-    path.write_text(yaml.safe_dump(doc))
-    return path
+def app_yaml(tmp: Path, name: str, drafter: dict | None = None, **sections: dict) -> Path:
+    """The shipped ``deploy/cpu.yaml`` (relative model paths kept), ``sections`` merged in (``drafter``: into the
+    drafter application's args)."""
+    return deploy_yaml.write(deploy_yaml.with_changes(deploy_yaml.load(), drafter=drafter, **sections), tmp / name)
 
 
 def wait_running(cwd: Path, timeout_s: float = 600, replicas: dict[str, int] | None = None) -> float:
-    """Until ``serve status`` says RUNNING (and the deployments have these many replicas); the seconds it took."""
+    """Until ``serve status`` says both applications are RUNNING (and the deployments have these many
+    replicas); the seconds it took."""
     start = time.time()
     while time.time() - start < timeout_s:
         status = yaml.safe_load(cli("serve", "status", cwd=cwd, check=False) or "{}") or {}
-        app = (status.get("applications") or {}).get(APP) or {}
-        if app.get("status") == "DEPLOY_FAILED":
-            raise RuntimeError(f"deploy failed: {app}")
-        if app.get("status") == "RUNNING" and all(len(replica_pids(d, cwd)) == n for d, n in (replicas or {}).items()):
+        apps = [(status.get("applications") or {}).get(name) or {} for name in (APP_NAME, DRAFTER_APP_NAME)]
+        if any(app.get("status") == "DEPLOY_FAILED" for app in apps):
+            raise RuntimeError(f"deploy failed: {apps}")
+        running = all(app.get("status") == "RUNNING" for app in apps)
+        if running and all(len(replica_pids(d, cwd)) == n for d, n in (replicas or {}).items()):
             return time.time() - start
         time.sleep(2)
     raise TimeoutError(f"the app was not RUNNING in {timeout_s} s")
@@ -150,7 +149,7 @@ def test_deploy_from_another_folder_serves_exact(cluster, reference, tmp_path):
     cli("serve", "deploy", str(app_yaml(tmp_path, "v1.yaml")), cwd=cluster)
     took = wait_running(cluster)
     print(f"\nserve deploy -> RUNNING: {took:.0f} s")
-    assert APP in cli("serve", "config", cwd=cluster)
+    assert DRAFTER_APP_NAME in cli("serve", "config", cwd=cluster)
     results = asyncio.run(_streams(list(reference)[:4]))
     _check(results, reference)
 
