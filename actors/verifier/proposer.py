@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 from vllm.v1.spec_decode.eagle import EagleProposer
+from vllm.v1.utils import CpuGpuBuffer
 
 from actors.messages import DraftStatus, DraftStep, SeqRole, SeqSlice
 from actors.metrics import SpecDecodeStats
@@ -79,9 +80,25 @@ def step_rows(
     return starts[seq] + offsets, counts
 
 
+# What the inherited code the runner calls (``prepare_next_token_ids_*``, ``prepare_inputs*``) reads of vLLM's
+# device buffers: ``input_ids`` (its device) and ``backup_next_token_ids``. The rest (``hidden_states`` and
+# ``inputs_embeds`` of [max_num_batched_tokens, H], positions, slot mappings, aranges, masks) feed a draft model
+# that does not run here: on Scout at 80k batched tokens, ~1.6 GB per rank.
+KEPT_BUFFERS = ("input_ids", "backup_next_token_ids")
+
+
 class RemoteEagleProposer(EagleProposer):
     def __init__(self, vllm_config, device, runner, client: DraftClient | None, is_driver: bool) -> None:
-        super().__init__(vllm_config, device, runner)
+        # vLLM's constructor makes its buffers on the meta device (no memory); then only ``KEPT_BUFFERS`` are made
+        # on the real device, and the others become None, so a code path that would use them fails loudly.
+        super().__init__(vllm_config, torch.device("meta"), runner)
+        self.device = device
+        for name, value in list(vars(self).items()):
+            if isinstance(value, torch.Tensor) and value.is_meta:
+                setattr(self, name, None)
+        self.input_ids = torch.zeros(self.max_num_tokens, dtype=torch.int32, device=device)
+        self.backup_next_token_ids = CpuGpuBuffer(self.max_batch_size, dtype=torch.int32, device=device,
+                                                  with_numpy=True)
         self.runner = runner
         self.client = client
         self.is_driver = is_driver
