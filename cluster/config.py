@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validat
 
 from actors.eagle.compat import check_head_fits_target, target_text_config
 from actors.eagle.spec import HeadConfigError, load_head_spec
+from actors.verifier.options import refuse_unsupported
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,10 @@ class VerifierConfig(_Strict):
 
     @model_validator(mode="after")
     def _engine_kwargs(self) -> VerifierConfig:
+        try:
+            refuse_unsupported(self.engine_kwargs)  # async scheduling, pipeline parallelism
+        except ValueError as e:
+            raise ValueError(f"verifier.engine_kwargs.{e}") from None
         if self.accelerator == "gpu" and self.tensor_parallel_size > 1 and self.executor_backend != "ray":
             raise ValueError(
                 f"verifier.engine_kwargs.distributed_executor_backend: {self.executor_backend!r} with "

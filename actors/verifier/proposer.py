@@ -15,7 +15,8 @@ accepted row; rows after it (rejected drafts, padded path) are dropped before sh
 ``runner.input_batch.req_ids`` order.
 
 Only tensor-parallel rank 0 talks to the drafter: vLLM's scheduler takes draft tokens from that rank's output
-and broadcasts them with the next step, so other ranks return placeholders of the right shape.
+and broadcasts them with the next step, so other ranks return placeholders of the right shape. That holds with
+async scheduling off and one pipeline stage, which ``actors.verifier.options`` enforces.
 """
 
 from __future__ import annotations

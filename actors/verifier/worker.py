@@ -28,6 +28,7 @@ else:  # pragma: no cover - GPU
 
 from actors import vllm_fixes
 from actors.verifier.client import build_client
+from actors.verifier.options import ASYNC_SCHEDULING, PIPELINE_PARALLEL
 from actors.verifier.owner_watch import watch_owner
 from actors.verifier.proposer import MAX_TIMINGS, ProposerState, RemoteEagleProposer
 
@@ -110,10 +111,15 @@ class RemoteDraftWorker(_PlatformWorker):
             if getattr(runner, "drafter", None) is not None:
                 runner.drafter.propose = self._timed_local_propose(runner.drafter.propose)
             return
+        pc = self.vllm_config.parallel_config
+        if self.vllm_config.scheduler_config.async_scheduling:
+            raise RuntimeError(f"eagle_cluster verifier: async_scheduling is on; {ASYNC_SCHEDULING}")
+        if pc.pipeline_parallel_size > 1:  # before the drafter check: stages but the last have no drafter
+            raise RuntimeError(f"eagle_cluster verifier: pipeline_parallel_size {pc.pipeline_parallel_size}; "
+                               f"{PIPELINE_PARALLEL}")
         if self.vllm_config.speculative_config is None or not hasattr(runner, "drafter"):
             raise RuntimeError("eagle_cluster verifier: the engine needs an EAGLE / EAGLE-3 speculative_config")
-        pc = self.vllm_config.parallel_config
-        is_driver = self.rank % (pc.tensor_parallel_size * pc.pipeline_parallel_size) == 0
+        is_driver = self.rank % pc.tensor_parallel_size == 0  # TP rank 0 (one pipeline stage: see above)
         client = None
         if is_driver:
             spec = dict(cfg.get("draft_client", {}))
