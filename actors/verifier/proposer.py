@@ -33,6 +33,7 @@ from vllm.v1.utils import CpuGpuBuffer
 
 from actors.messages import DraftStatus, DraftStep, SeqRole, SeqSlice
 from actors.metrics import SpecDecodeStats
+from actors.timing import ms_since
 from actors.verifier.client import DraftClient
 
 logger = logging.getLogger(__name__)
@@ -200,7 +201,7 @@ class RemoteEagleProposer(EagleProposer):
                 self.state.pending.pop(s.req_id, None)
             return placeholder
         self.state.timings.append(
-            StepTiming(batch_size, int(rows.numel()), (time.perf_counter() - start) * 1e3, timing.ship_ms,
+            StepTiming(batch_size, int(rows.numel()), ms_since(start, self.device), timing.ship_ms,
                        timing.wait_ms, timing.compute_ms, timing.all_hits)
         )
         return drafts

@@ -27,6 +27,7 @@ else:  # pragma: no cover - GPU
     from vllm.v1.worker.gpu_worker import Worker as _PlatformWorker
 
 from actors import vllm_fixes
+from actors.timing import ms_since
 from actors.verifier.client import build_client
 from actors.verifier.options import ASYNC_SCHEDULING, PIPELINE_PARALLEL
 from actors.verifier.owner_watch import watch_owner
@@ -76,13 +77,13 @@ class RemoteDraftWorker(_PlatformWorker):
         self._local_propose: deque[tuple[int, int, float]] = deque(maxlen=MAX_TIMINGS)
         super().__init__(*args, **kwargs)
 
-    @staticmethod
-    def _timed(samples: list[float], method, *args: Any, **kwargs: Any):
+    def _timed(self, samples: deque[float], method, *args: Any, **kwargs: Any):
+        """``method``'s result; its time until the device finished its work goes to ``samples`` (``ms_since``)."""
         start = time.perf_counter()
         try:
             return method(*args, **kwargs)
         finally:
-            samples.append((time.perf_counter() - start) * 1e3)
+            samples.append(ms_since(start, getattr(self, "device", None)))
 
     def execute_model(self, scheduler_output, *args: Any, **kwargs: Any):
         drafter = getattr(self.model_runner, "drafter", None)
@@ -132,7 +133,7 @@ class RemoteDraftWorker(_PlatformWorker):
             start = time.perf_counter()
             out = propose(**kwargs)
             self._local_propose.append((int(out.shape[0]), int(kwargs["target_token_ids"].shape[0]),
-                                        (time.perf_counter() - start) * 1e3))
+                                        ms_since(start, getattr(self, "device", None))))
             return out
 
         return timed
