@@ -82,17 +82,14 @@ def step_rows(
     return starts[seq] + offsets, counts
 
 
-# What the inherited code the runner calls (``prepare_next_token_ids_*``, ``prepare_inputs*``) reads of vLLM's
-# device buffers: ``input_ids`` (its device) and ``backup_next_token_ids``. The rest (``hidden_states`` and
-# ``inputs_embeds`` of [max_num_batched_tokens, H], positions, slot mappings, aranges, masks) feed a draft model
-# that does not run here: on Scout at 80k batched tokens, ~1.6 GB per rank.
-KEPT_BUFFERS = ("input_ids", "backup_next_token_ids")
-
-
 class RemoteEagleProposer(EagleProposer):
     def __init__(self, vllm_config, device, runner, client: DraftClient | None, is_driver: bool) -> None:
-        # vLLM's constructor makes its buffers on the meta device (no memory); then only ``KEPT_BUFFERS`` are made
-        # on the real device, and the others become None, so a code path that would use them fails loudly.
+        # Of vLLM's device buffers, the inherited code the runner calls (``prepare_next_token_ids_*``,
+        # ``prepare_inputs*``) reads ``input_ids`` (its device) and ``backup_next_token_ids``. The rest
+        # (``hidden_states`` and ``inputs_embeds`` of [max_num_batched_tokens, H], positions, slot mappings,
+        # aranges, masks) feed a draft model that does not run here: ~1.6 GB per rank on Scout at 80k batched
+        # tokens. vLLM's constructor makes them on the meta device (no memory); the two read are then made on the
+        # real device, and the others become None, so a code path that would use them fails loudly.
         super().__init__(vllm_config, torch.device("meta"), runner)
         self.device = device
         for name, value in list(vars(self).items()):
