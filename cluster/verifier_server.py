@@ -153,7 +153,8 @@ class VerifierServer:
     async def step_timings(self, reset: bool = False) -> dict[str, list]:
         """Per-step timings since the last reset, for benchmarks: the proposer's (``timings``: how long each
         propose took and waited on drafters, and whether it was all hits) and the worker's (``forward_ms``: the
-        target forward, ``sample_ms``: rejection sampling and propose, ``period_ms``: step start to step start)."""
+        target forward, ``sample_ms``: rejection sampling and propose, ``period_ms``: step start to step start). On CUDA
+        they run until the device finished the call's work (``actors.timing``), as on a CPU."""
         rpc = await self.engine.collective_rpc("eagle_cluster_stats")
         driver = next(r for r in rpc if r["is_driver"])
         if reset:
