@@ -83,7 +83,7 @@ def build_app(args: dict[str, Any]) -> Application:
     verifier = serve.deployment(VerifierServer).options(
         name=VERIFIER,
         num_replicas=v.num_replicas,
-        ray_actor_options={"num_cpus": v.num_cpus},  # the replica runs in bundle 0
+        ray_actor_options={"num_cpus": v.num_cpus, "num_gpus": v.replica_gpus},  # the replica runs in bundle 0
         placement_group_bundles=[dict(bundle) for _ in range(v.tensor_parallel_size)],
         placement_group_strategy="STRICT_PACK",
         health_check_period_s=10,

@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validat
 
 from actors.eagle.compat import check_head_fits_target, target_text_config
 from actors.eagle.spec import HeadConfigError, HeadSpec, load_head_spec
+from actors.verifier.options import refuse_unsupported
 
 logger = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # the folder holding cluster/ and models/
@@ -93,6 +94,39 @@ class VerifierConfig(_Strict):
     @property
     def name(self) -> str:
         return self.served_model_name or Path(self.model).name
+
+    @property
+    def executor_backend(self) -> str | None:
+        """vLLM's ``distributed_executor_backend``: as ``engine_kwargs`` sets it, else ``"ray"`` on GPUs with
+        tensor parallelism (vLLM's Ray executor puts one worker in each GPU bundle of the replica's placement
+        group), else vLLM's choice (``"uni"`` at TP 1: the model runs in the engine-core process)."""
+        backend = self.engine_kwargs.get("distributed_executor_backend")
+        if backend is None and self.accelerator == "gpu" and self.tensor_parallel_size > 1:
+            return "ray"
+        return backend
+
+    @property
+    def replica_gpus(self) -> int:
+        """GPUs the Serve replica itself holds: on GPUs, the one of bundle 0 when the engine runs the model in the
+        replica's own process tree (any backend but ``"ray"``), so that Ray sets the replica's
+        ``CUDA_VISIBLE_DEVICES`` to that GPU and vLLM's engine-core process inherits it; without it Ray leaves the
+        variable unset and the engine takes the node's GPU 0, whichever GPU the bundle holds. With ``"ray"`` the
+        replica holds none: each TP worker takes its bundle's GPU (a replica holding bundle 0's would leave
+        worker 0 waiting for it)."""
+        return 1 if self.accelerator == "gpu" and self.executor_backend != "ray" else 0
+
+    @model_validator(mode="after")
+    def _engine_kwargs(self) -> VerifierConfig:
+        try:
+            refuse_unsupported(self.engine_kwargs)  # async scheduling, pipeline parallelism
+        except ValueError as e:
+            raise ValueError(f"verifier.engine_kwargs.{e}") from None
+        if self.accelerator == "gpu" and self.tensor_parallel_size > 1 and self.executor_backend != "ray":
+            raise ValueError(
+                f"verifier.engine_kwargs.distributed_executor_backend: {self.executor_backend!r} with "
+                f"tensor_parallel_size {self.tensor_parallel_size} on GPUs: its workers would take the node's first "
+                "GPUs, not the replica's placement group bundles; leave it out (\"ray\")")
+        return self
 
 
 class SpeculativeConfig(BaseModel):

@@ -2,7 +2,9 @@
 vLLM's own OpenAI serving objects (completions, chat, models) on top of it.
 
 Undecorated; ``cluster.app`` binds it with a placement group of ``tensor_parallel_size`` bundles (the replica
-runs in bundle 0). The ingress calls ``completions`` / ``chat`` with a request already validated into vLLM's
+runs in bundle 0). On GPUs at TP 1 the replica holds bundle 0's GPU and vLLM's engine-core process inherits it; at
+TP > 1 vLLM's Ray executor puts a worker on each bundle's GPU (``VerifierConfig.replica_gpus``, ``executor_backend``).
+The ingress calls ``completions`` / ``chat`` with a request already validated into vLLM's
 protocol models; both are async generators of ``(kind, payload)``: ``("json", dict)`` once for a whole
 response or an error (with its HTTP status), or ``("sse", str)`` for each server-sent event when streaming.
 """
@@ -77,8 +79,8 @@ class VerifierServer:
             "deployment_name": DRAFTER_DEPLOYMENT,
         }
         engine = dict(v.engine_kwargs)
-        if v.accelerator == "gpu" and v.tensor_parallel_size > 1:
-            engine.setdefault("distributed_executor_backend", "ray")  # TP workers in this replica's bundles
+        if v.executor_backend is not None:  # on GPUs with TP > 1: "ray", the TP workers in this replica's bundles
+            engine["distributed_executor_backend"] = v.executor_backend
         kwargs = verifier_kwargs(
             v.model,
             SpeculativeConfig.model_validate(speculative_config).for_vllm(),
@@ -149,7 +151,8 @@ class VerifierServer:
     async def step_timings(self, reset: bool = False) -> dict[str, list]:
         """Per-step timings since the last reset, for benchmarks: the proposer's (``timings``: how long each
         propose took and waited on drafters, and whether it was all hits) and the worker's (``forward_ms``: the
-        target forward, ``sample_ms``: rejection sampling and propose, ``period_ms``: step start to step start)."""
+        target forward, ``sample_ms``: rejection sampling and propose, ``period_ms``: step start to step start). On CUDA
+        they run until the device finished the call's work (``actors.timing``), as on a CPU."""
         rpc = await self.engine.collective_rpc("eagle_cluster_stats")
         driver = next(r for r in rpc if r["is_driver"])
         if reset:

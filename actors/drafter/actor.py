@@ -30,6 +30,7 @@ from actors.eagle.compat import check_head_fits_target, target_text_config
 from actors.eagle.hub import HEAD_FILES, resolve_model_dir, resolve_target_dir
 from actors.eagle.spec import load_head_spec
 from actors.messages import BranchTable, DraftResult, DraftStatus, DraftStep, SeqSlice
+from actors.timing import ms_since
 
 logger = logging.getLogger(__name__)
 HEALTH_PROBE = "__health__"
@@ -108,7 +109,7 @@ class DrafterActor:
             self.engine.after_step()
         except Exception:  # the next step drafts on demand
             logger.exception("drafter: precomputing the next step failed")
-        ms = (time.perf_counter() - start) * 1e3
+        ms = ms_since(start, self.engine.device)  # after_step may end with work queued and nothing read back
         table = self.engine.branch_table
         entries = {rid: table[rid] for rid in req_ids if rid in table}
         return BranchTable(entries, self.engine.num_active_sequences, ms).pack()

@@ -37,6 +37,7 @@ from actors.drafter.kv_cache import DraftKVCache, device_budget_gib
 from actors.eagle.heads import DraftHead
 from actors.eagle.layers import sdpa_attend
 from actors.messages import DraftResult, DraftStatus, DraftStep, SeqRole
+from actors.timing import ms_since
 
 
 @dataclass
@@ -441,7 +442,7 @@ class DrafterEngine:
             h = h.view(torch.bfloat16)
         p = self.propose_tensors(step, h, precompute)
         return DraftResult(
-            step.step_id, DraftStatus.OK, p.drafts.to(torch.int32).cpu().numpy(), (time.perf_counter() - start) * 1e3,
+            step.step_id, DraftStatus.OK, p.drafts.to(torch.int32).cpu().numpy(), ms_since(start, self.device),
             active_sequences=self.num_active_sequences, cold_sequences=p.cold, branch_lookups=p.branch_lookups,
             hit_rows=list(p.hit_rows), full_rows=list(p.full_rows),
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from actors.verifier.options import refuse_unsupported
 from actors.verifier.worker import CONFIG_KEY
 
 WORKER_CLS = "actors.verifier.worker.RemoteDraftWorker"
@@ -27,6 +28,8 @@ def verifier_kwargs(
     ``draft_client=None`` keeps vLLM's own drafter (or none), with the worker's step timing: the baselines.
     ``owner_pid``: the engine's processes end when that process dies (``actors.verifier.owner_watch``).
     ``ray_address``: the GCS address the engine's driver rank joins (default: ``RAY_ADDRESS``, else ``"auto"``).
+    With a remote drafter, ``async_scheduling`` and pipeline parallelism are refused (``actors.verifier.options``);
+    every engine here runs with async scheduling off, baselines too, so that all are compared alike.
     """
     from actors.vllm_engine import engine_kwargs
 
@@ -34,6 +37,7 @@ def verifier_kwargs(
     if draft_client is None:
         additional[CONFIG_KEY] = {"remote_drafter": False}
     else:
+        refuse_unsupported(engine)
         additional[CONFIG_KEY] = {"draft_client": dict(draft_client)}
     if owner_pid is not None:
         additional[CONFIG_KEY]["owner_pid"] = owner_pid

@@ -15,7 +15,8 @@ accepted row; rows after it (rejected drafts, padded path) are dropped before sh
 ``runner.input_batch.req_ids`` order.
 
 Only tensor-parallel rank 0 talks to the drafter: vLLM's scheduler takes draft tokens from that rank's output
-and broadcasts them with the next step, so other ranks return placeholders of the right shape.
+and broadcasts them with the next step, so other ranks return placeholders of the right shape. That holds with
+async scheduling off and one pipeline stage, which ``actors.verifier.options`` enforces.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 from vllm.v1.spec_decode.eagle import EagleProposer
+from vllm.v1.utils import CpuGpuBuffer
 
 from actors.messages import DraftStatus, DraftStep, SeqRole, SeqSlice
 from actors.metrics import SpecDecodeStats
+from actors.timing import ms_since
 from actors.verifier.client import DraftClient, check_drafts
 
 logger = logging.getLogger(__name__)
@@ -81,7 +84,20 @@ def step_rows(
 
 class RemoteEagleProposer(EagleProposer):
     def __init__(self, vllm_config, device, runner, client: DraftClient | None, is_driver: bool) -> None:
-        super().__init__(vllm_config, device, runner)
+        # Of vLLM's device buffers, the inherited code the runner calls (``prepare_next_token_ids_*``,
+        # ``prepare_inputs*``) reads ``input_ids`` (its device) and ``backup_next_token_ids``. The rest
+        # (``hidden_states`` and ``inputs_embeds`` of [max_num_batched_tokens, H], positions, slot mappings,
+        # aranges, masks) feed a draft model that does not run here: ~1.6 GB per rank on Scout at 80k batched
+        # tokens. vLLM's constructor makes them on the meta device (no memory); the two read are then made on the
+        # real device, and the others become None, so a code path that would use them fails loudly.
+        super().__init__(vllm_config, torch.device("meta"), runner)
+        self.device = device
+        for name, value in list(vars(self).items()):
+            if isinstance(value, torch.Tensor) and value.is_meta:
+                setattr(self, name, None)
+        self.input_ids = torch.zeros(self.max_num_tokens, dtype=torch.int32, device=device)
+        self.backup_next_token_ids = CpuGpuBuffer(self.max_batch_size, dtype=torch.int32, device=device,
+                                                  with_numpy=True)
         self.runner = runner
         self.client = client
         self.is_driver = is_driver
@@ -185,7 +201,7 @@ class RemoteEagleProposer(EagleProposer):
                 self.state.pending.pop(s.req_id, None)
             return placeholder
         self.state.timings.append(
-            StepTiming(batch_size, int(rows.numel()), (time.perf_counter() - start) * 1e3, timing.ship_ms,
+            StepTiming(batch_size, int(rows.numel()), ms_since(start, self.device), timing.ship_ms,
                        timing.wait_ms, timing.compute_ms, timing.all_hits)
         )
         return drafts

@@ -27,7 +27,9 @@ else:  # pragma: no cover - GPU
     from vllm.v1.worker.gpu_worker import Worker as _PlatformWorker
 
 from actors import vllm_fixes
+from actors.timing import ms_since
 from actors.verifier.client import build_client
+from actors.verifier.options import ASYNC_SCHEDULING, PIPELINE_PARALLEL
 from actors.verifier.owner_watch import watch_owner
 from actors.verifier.proposer import MAX_TIMINGS, ProposerState, RemoteEagleProposer
 
@@ -75,13 +77,13 @@ class RemoteDraftWorker(_PlatformWorker):
         self._local_propose: deque[tuple[int, int, float]] = deque(maxlen=MAX_TIMINGS)
         super().__init__(*args, **kwargs)
 
-    @staticmethod
-    def _timed(samples: list[float], method, *args: Any, **kwargs: Any):
+    def _timed(self, samples: deque[float], method, *args: Any, **kwargs: Any):
+        """``method``'s result; its time until the device finished its work goes to ``samples`` (``ms_since``)."""
         start = time.perf_counter()
         try:
             return method(*args, **kwargs)
         finally:
-            samples.append((time.perf_counter() - start) * 1e3)
+            samples.append(ms_since(start, getattr(self, "device", None)))
 
     def execute_model(self, scheduler_output, *args: Any, **kwargs: Any):
         drafter = getattr(self.model_runner, "drafter", None)
@@ -110,10 +112,15 @@ class RemoteDraftWorker(_PlatformWorker):
             if getattr(runner, "drafter", None) is not None:
                 runner.drafter.propose = self._timed_local_propose(runner.drafter.propose)
             return
+        pc = self.vllm_config.parallel_config
+        if self.vllm_config.scheduler_config.async_scheduling:
+            raise RuntimeError(f"eagle_cluster verifier: async_scheduling is on; {ASYNC_SCHEDULING}")
+        if pc.pipeline_parallel_size > 1:  # before the drafter check: stages but the last have no drafter
+            raise RuntimeError(f"eagle_cluster verifier: pipeline_parallel_size {pc.pipeline_parallel_size}; "
+                               f"{PIPELINE_PARALLEL}")
         if self.vllm_config.speculative_config is None or not hasattr(runner, "drafter"):
             raise RuntimeError("eagle_cluster verifier: the engine needs an EAGLE / EAGLE-3 speculative_config")
-        pc = self.vllm_config.parallel_config
-        is_driver = self.rank % (pc.tensor_parallel_size * pc.pipeline_parallel_size) == 0
+        is_driver = self.rank % pc.tensor_parallel_size == 0  # TP rank 0 (one pipeline stage: see above)
         client = None
         if is_driver:
             spec = dict(cfg.get("draft_client", {}))
@@ -127,7 +134,7 @@ class RemoteDraftWorker(_PlatformWorker):
             start = time.perf_counter()
             out = propose(**kwargs)
             self._local_propose.append((int(out.shape[0]), int(kwargs["target_token_ids"].shape[0]),
-                                        (time.perf_counter() - start) * 1e3))
+                                        ms_since(start, getattr(self, "device", None))))
             return out
 
         return timed

@@ -1,0 +1,58 @@
+"""Engine options the remote drafter cannot work with are refused with the option's name
+(``actors.verifier.options``): ``async_scheduling`` (each TP rank would feed its own drafts, placeholders on ranks
+> 0) and ``pipeline_parallel_size`` > 1 (the drafter hook exists on the last stage only). Where engine arguments
+are made (``verifier_kwargs``), and in the worker for engines built any other way. Nothing is started."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import EAGLE3, TARGET
+
+SPEC = {"method": "eagle3", "model": str(EAGLE3), "num_speculative_tokens": 3}
+CLIENT = {"client": "actors.verifier.client:ActorDraftClient"}
+
+
+@pytest.mark.parametrize(("option", "value"), [("async_scheduling", True), ("pipeline_parallel_size", 2)])
+def test_verifier_kwargs_refuse(option, value):
+    from actors.verifier.engine import verifier_kwargs
+
+    with pytest.raises(ValueError, match=f"^{option}: .*remote drafter"):
+        verifier_kwargs(str(TARGET), SPEC, CLIENT, **{option: value})
+
+
+def test_verifier_kwargs_keep_async_scheduling_off():
+    from actors.verifier.engine import verifier_kwargs
+
+    assert verifier_kwargs(str(TARGET), SPEC, CLIENT)["async_scheduling"] is False
+    assert verifier_kwargs(str(TARGET), SPEC, CLIENT, async_scheduling=False, pipeline_parallel_size=1)
+    # baselines (vLLM's own drafter) may ask; they run with it off like every engine here, to compare alike
+    assert verifier_kwargs(str(TARGET), SPEC, None, async_scheduling=True)["async_scheduling"] is False
+
+
+def _worker(monkeypatch, runner, *, async_scheduling=False, pp=1, tp=1):
+    from actors.verifier import worker
+
+    monkeypatch.setattr(worker._PlatformWorker, "init_device", lambda self: setattr(self, "model_runner", runner))
+    w = object.__new__(worker.RemoteDraftWorker)  # no device or model: init_device's checks only
+    w.rank = 0
+    w.vllm_config = SimpleNamespace(
+        additional_config={worker.CONFIG_KEY: {"draft_client": CLIENT}}, speculative_config=object(),
+        scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=pp))
+    return w
+
+
+def test_worker_refuses_async_scheduling(monkeypatch):
+    w = _worker(monkeypatch, SimpleNamespace(drafter=None), async_scheduling=True)
+    with pytest.raises(RuntimeError, match="async_scheduling is on"):
+        w.init_device()
+
+
+def test_worker_refuses_pipeline_stages(monkeypatch):
+    """On a stage but the last, vLLM builds no drafter: the error must say why, not ask for a speculative config."""
+    w = _worker(monkeypatch, SimpleNamespace(), pp=2)
+    with pytest.raises(RuntimeError, match="pipeline_parallel_size 2; .*last pipeline stage"):
+        w.init_device()

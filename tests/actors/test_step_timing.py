@@ -1,0 +1,107 @@
+"""Step timings mean "until the work is done" on CUDA as on a CPU (``actors.timing``): the timed calls wait for
+the device before reading the clock when it is a CUDA device, and never on a CPU. Checked with
+``torch.cuda.synchronize`` replaced by a recorder (no GPU needed); no durations are asserted."""
+
+from __future__ import annotations
+
+from collections import deque
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from actors import timing
+
+
+@pytest.fixture
+def syncs(monkeypatch) -> list:
+    """The devices ``torch.cuda.synchronize`` was called with."""
+    calls: list = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    return calls
+
+
+def test_synchronize_on_cuda_only(syncs):
+    timing.synchronize("cpu")
+    timing.synchronize(torch.device("cpu"))
+    timing.synchronize(None)
+    assert syncs == []
+    timing.synchronize(torch.device("cuda", 1))
+    timing.synchronize("cuda")
+    assert syncs == [torch.device("cuda", 1), "cuda"]
+    assert timing.ms_since(0.0, "cuda:0") >= 0 and syncs[-1] == "cuda:0"
+
+
+def test_worker_times_until_the_device_is_done(monkeypatch, syncs):
+    """forward_ms and sample_ms end after the device finished the call's work."""
+    from actors.verifier import worker
+
+    log: list[str] = []
+    monkeypatch.setattr(worker._PlatformWorker, "__init__", lambda self, *a, **k: None)
+    monkeypatch.setattr(worker._PlatformWorker, "execute_model", lambda self, out, *a, **k: log.append("forward"))
+    monkeypatch.setattr(worker._PlatformWorker, "sample_tokens", lambda self, *a, **k: log.append("sample"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: (log.append("sync"), syncs.append(device)))
+    w = worker.RemoteDraftWorker()
+    w.device = torch.device("cuda", 2)
+    w.model_runner = SimpleNamespace(drafter=None)
+    w.execute_model(SimpleNamespace(total_num_scheduled_tokens=4, finished_req_ids=set()))
+    w.sample_tokens(None)
+    assert log == ["forward", "sync", "sample", "sync"]
+    assert syncs == [torch.device("cuda", 2)] * 2
+    assert (len(w._forward_ms), len(w._sample_ms)) == (1, 1)
+
+
+def test_drafter_times_until_the_device_is_done(toy_heads, monkeypatch):
+    """The drafter engine's compute_ms (and the actor's branch pass) wait for the engine's device."""
+    from actors.drafter.engine import DrafterEngine
+    from actors.eagle.checkpoint import load_head
+    from actors.messages import DraftStep, SeqSlice
+
+    target_dir, heads = toy_heads
+    engine = DrafterEngine(load_head(heads["eagle1"], target_dir), max_model_len=64)
+    waited: list = []
+    monkeypatch.setattr(timing, "synchronize", waited.append)
+    step = DraftStep(0, 3, [SeqSlice("a", 0, 5, 0)], np.arange(5, dtype=np.int32))
+    result = engine.propose(step, np.zeros((5, engine.spec.fused_hidden_size), np.float32))
+    assert waited == [engine.device] and result.compute_ms >= 0
+
+    from actors.drafter.actor import DrafterActor
+
+    actor = object.__new__(DrafterActor)  # the branch pass only: an engine, no checkpoint loading
+    actor.engine = engine
+    actor.branches(["a"])
+    assert waited == [engine.device] * 2
+
+
+def test_worker_without_a_device_yet_times_on_the_host(syncs):
+    """Before ``init_device`` a worker has no ``device``: its timings are host time, and kept bounded."""
+    from actors.verifier import worker
+
+    w = object.__new__(worker.RemoteDraftWorker)
+    samples: deque[float] = deque(maxlen=2)
+    for _ in range(3):
+        w._timed(samples, lambda: None)
+    assert len(samples) == 2 and syncs == []
+
+
+def test_remote_propose_times_until_the_device_is_done(monkeypatch):
+    """The proposer's propose_ms ends after the drafts were copied to the verifier's device."""
+    from actors.messages import DraftStatus
+    from actors.verifier.client import DraftReply, ProposeTiming
+    from actors.verifier.proposer import ProposerState, RemoteEagleProposer
+
+    class Client:
+        def propose(self, step, hidden):
+            drafts = np.full((len(step.seqs), step.num_speculative_tokens), 7, np.int32)
+            return DraftReply(DraftStatus.OK, drafts), ProposeTiming(0.0, 0.0, 0.1, False)
+
+    waited: list = []
+    monkeypatch.setattr(timing, "synchronize", waited.append)
+    p = object.__new__(RemoteEagleProposer)  # what propose() reads; no vLLM config
+    p.is_driver, p.client, p.state, p._live, p.device = True, Client(), ProposerState(), set(), torch.device("cpu")
+    p.runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=["a", "b"]))
+    meta = SimpleNamespace(batch_size=lambda: 2, query_start_loc_cpu=torch.tensor([0, 3, 5]))
+    drafts = p.propose(2, torch.arange(5), torch.arange(5), torch.zeros(5, 4), torch.tensor([9, 9]), None, meta, None)
+    assert drafts.tolist() == [[7, 7], [7, 7]]
+    assert waited == [p.device] and len(p.state.timings) == 1
