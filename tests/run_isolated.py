@@ -24,6 +24,7 @@ ISOLATED = [
     "tests/cluster/test_ingress_serve.py",
     "tests/cluster/test_drafter_pool.py",
     "tests/cluster/test_multinode.py",
+    "tests/cluster/test_serve_deploy.py",
 ]
 
 
