@@ -105,6 +105,16 @@ class VerifierConfig(_Strict):
             return "ray"
         return backend
 
+    def vllm_engine_kwargs(self) -> dict[str, Any]:
+        """What the engine gets beyond ``actors.vllm_engine.engine_kwargs``' CPU settings: on GPUs, the model's own
+        dtype and CUDA graphs / torch.compile (the CPU settings are float32 and eager); then ``engine_kwargs`` as
+        given, and the executor backend."""
+        engine: dict[str, Any] = {"dtype": "auto", "enforce_eager": False} if self.accelerator == "gpu" else {}
+        engine.update(self.engine_kwargs)
+        if self.executor_backend is not None:  # on GPUs with TP > 1: "ray", the TP workers in the replica's bundles
+            engine["distributed_executor_backend"] = self.executor_backend
+        return engine
+
     @property
     def replica_gpus(self) -> int:
         """GPUs the Serve replica itself holds: on GPUs, the one of bundle 0 when the engine runs the model in the

@@ -78,9 +78,7 @@ class VerifierServer:
             "app_name": drafter_app,
             "deployment_name": DRAFTER_DEPLOYMENT,
         }
-        engine = dict(v.engine_kwargs)
-        if v.executor_backend is not None:  # on GPUs with TP > 1: "ray", the TP workers in this replica's bundles
-            engine["distributed_executor_backend"] = v.executor_backend
+        engine = v.vllm_engine_kwargs()
         kwargs = verifier_kwargs(
             v.model,
             SpeculativeConfig.model_validate(speculative_config).for_vllm(),

@@ -213,3 +213,15 @@ def test_drafter_engine_options():
     assert set(opts) <= set(inspect.signature(DrafterActor).parameters)
     for bad in ({"dtype": "int8"}, {"max_num_seqs": 0}, {"kv_cache_gib": 0}):
         assert next(iter(bad)) in _pool_error(**bad)
+
+
+def test_gpu_engines_leave_the_cpu_settings_behind():
+    """float32 and eager mode are vLLM-CPU settings (``actors.vllm_engine``); a GPU verifier gets the model's dtype
+    and CUDA graphs unless its ``engine_kwargs`` say otherwise."""
+    cpu = EagleClusterConfig.model_validate(CPU).verifier
+    assert cpu.vllm_engine_kwargs() == {}
+    gpu = EagleClusterConfig.model_validate({**CPU, "verifier": {"model": str(TARGET), "accelerator": "gpu"}}).verifier
+    assert gpu.vllm_engine_kwargs() == {"dtype": "auto", "enforce_eager": False}
+    scout = EagleClusterConfig.model_validate(app_args(ROOT / "deploy" / "llama4-scout-eagle-tp4.yaml")).verifier
+    assert scout.vllm_engine_kwargs() == {"dtype": "bfloat16", "enforce_eager": False, "max_num_batched_tokens": 80000,
+                                          "distributed_executor_backend": "ray"}
