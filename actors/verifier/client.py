@@ -163,14 +163,31 @@ class DraftClient:
                                                  int(info.get("active_sequences", 0)))
 
     def _drop(self, link: DrafterLink, req_ids: list[str], error: str) -> None:
-        """A drafter failed: forget it; its sequences lose their home and are re-homed at their next step."""
+        """A drafter failed: forget it; its sequences lose their home and are re-homed at their next step.
+
+        A drafter that timed out or answered badly may still be alive, holding the lost sequences' draft KV slots
+        (which count as its load for the router and the autoscaler): it is sent ``free`` for them, and for the
+        finished sequences not yet freed there, without waiting (``_free_on_lost_home``)."""
         self.links.pop(link.drafter_id, None)
-        self.to_free.pop(link.drafter_id, None)
+        unsent = self.to_free.pop(link.drafter_id, [])
         lost = [rid for rid, h in self.home.items() if h == link.drafter_id]
         for rid in lost:
             self.lost[rid] = self.home.pop(rid)
+        self._free_on_lost_home(link, unsent + lost)
         self.events.append((time.time(), "failed", len(set(lost) | set(req_ids))))
         logger.warning("drafter %s failed (%s); %d sequences will be re-homed", link.drafter_id, error, len(lost))
+
+    @staticmethod
+    def _free_on_lost_home(link: DrafterLink, req_ids: list[str]) -> None:
+        """Fire and forget: ``free(req_ids)`` on a dropped drafter. Never waits, never raises (a dead actor's call
+        just fails, and nobody reads it); a drafter that never gets it evicts the slots once idle
+        (``DraftKVCache.evict_idle``)."""
+        if not req_ids:
+            return
+        try:
+            link.actor.free.remote(list(req_ids))
+        except Exception as e:  # the actor handle is unusable: the drafter is gone, and its slots with it
+            logger.info("freeing %d sequences on dropped drafter %s failed (%s)", len(req_ids), link.drafter_id, e)
 
     def _place(self, req_ids: list[str]) -> None:
         """Give sequences without a home one: the least-loaded drafter, ``new_group_size`` at a time."""
