@@ -11,7 +11,8 @@ One step, for each home's share of the batch (``DraftStep.select``):
    If the drafter is still drafting it, the client waits for it (``wait_ms``: time the verifier waited);
 2. each sequence's real outcome is looked up in it locally (``BranchEntry.lookup``); a *hit* has its drafts;
 3. the sub-step goes to the home (``propose``, the hidden rows as the call's argument: Ray inlines small arrays
-   and passes large ones through the object store), then ``branches()``; neither is waited for, unless enough
+   and passes large ones through the object store), then ``branches()`` for every sequence homed there (one that
+   vLLM did not schedule this step still has its branches when it is back); neither is waited for, unless enough
    of the step missed (``wait_for_misses``): then the client waits for ``propose``'s drafts of the misses.
    Otherwise the misses get placeholder drafts for this step (vLLM rejects them) and are sent as
    ``SeqRole.CONTEXT``, like prompt steps: their drafter drafts their next step from the context.
@@ -306,6 +307,11 @@ class DraftClient:
         num_missed = sum(len(p[4]) for p in plans)
         wait = num_missed > self.wait_for_misses * drafted
         waiting: list[tuple[DrafterLink, list[int], Any]] = []
+        # The branches asked for: every sequence homed on the drafter, not only this step's, so that one vLLM did
+        # not schedule this step (it keeps its drafter state) finds its branches when it comes back.
+        homed: dict[str, list[str]] = defaultdict(list)
+        for rid, h in self.home.items():
+            homed[h].append(rid)
         for link, idx, sub, rows, missed in plans:
             t = time.perf_counter()
             must_wait = bool(missed) and (wait or not link.drafts_branches)
@@ -314,7 +320,7 @@ class DraftClient:
                     sub.seqs[j] = replace(sub.seqs[j], role=SeqRole.CONTEXT)
                     reply.placeholder_rows.append(idx[j])
             ref = link.actor.propose.remote(sub.pack(), array[rows])
-            link.branches_ref = (link.actor.branches.remote([s.req_id for s in sub.seqs])
+            link.branches_ref = (link.actor.branches.remote(homed[link.drafter_id])
                                  if link.drafts_branches else None)
             if must_wait:
                 waiting.append((link, idx, ref))

@@ -1,5 +1,8 @@
 """Draft KV slots are not leaked (hardening): a drafter the client drops for a timeout or a bad answer is told to
-free the sequences it held (it may be alive, and its slots count as load for the router and the autoscaler).
+free the sequences it held (it may be alive, and its slots count as load for the router and the autoscaler);
+a drafter evicts slots left idle; its health probe takes none. And a sequence's draft state stays right when
+steps skip it: one back from a step vLLM did not schedule finds its branches, and one whose rows never reached
+the drafter is drafted from what the drafter really has.
 
 No Ray runs here: the drafter is a fake actor whose calls return fake object refs, and ``ray.get`` / ``ray.wait``
 are replaced to read them."""
@@ -13,7 +16,7 @@ import numpy as np
 import pytest
 import ray
 
-from actors.messages import DraftResult, DraftStatus, DraftStep, SeqSlice
+from actors.messages import BranchEntry, BranchTable, DraftResult, DraftStatus, DraftStep, SeqSlice
 from actors.verifier.client import DraftClient
 
 K = 2
@@ -73,13 +76,13 @@ def timed_out(step: DraftStep) -> Exception:
 
 
 class Pool(DraftClient):
-    def __init__(self, drafters: dict[str, tuple[FakeDrafter, int]]) -> None:
+    def __init__(self, drafters: dict[str, tuple[FakeDrafter, int]], drafts_branches: bool = False) -> None:
         super().__init__(timeout_s=1.0, vocab_size=VOCAB)
-        self.drafters = drafters
+        self.drafters, self.drafts_branches = drafters, drafts_branches
 
     def _discover(self, blocking: bool) -> None:
         for drafter_id, (actor, load) in self.drafters.items():
-            self._add_link(drafter_id, actor, {"drafts_branches": False, "active_sequences": load})
+            self._add_link(drafter_id, actor, {"drafts_branches": self.drafts_branches, "active_sequences": load})
 
 
 @pytest.fixture(autouse=True)
@@ -140,6 +143,40 @@ def test_freeing_on_a_dead_drafter_never_raises():
     s, h = step_of(0, ["a"])
     reply, _ = client.propose(s, torch.from_numpy(h))  # must not raise
     assert reply.status is DraftStatus.FAILED and dead.freed == [] and "a" in client.lost
+
+
+class BranchingDrafter(FakeDrafter):
+    """An asynchronous drafter: ``branches(req_ids)`` answers the ``entries`` it holds of ``req_ids``, and records
+    what it was asked for."""
+
+    def __init__(self, entries: dict[str, BranchEntry]) -> None:
+        super().__init__(good)
+        self.entries, self.asked = entries, []
+        self.branches = Method(self._branches)
+
+    def _branches(self, req_ids: list[str]) -> Ref:
+        self.asked.append(sorted(req_ids))
+        return Ref(BranchTable({r: self.entries[r] for r in req_ids if r in self.entries}).pack())
+
+
+def test_a_sequence_back_from_an_unscheduled_step_finds_its_branches():
+    """The client asks its drafter for the branches of every sequence homed there, not only the step's: "b", not
+    scheduled in step 1, is answered from its branches in step 2 without waiting."""
+    import torch
+
+    drafter = BranchingDrafter({"b": BranchEntry(10, [5, 6], {(0, 1): [3, 4]})})
+    client = Pool({"d": (drafter, 0)}, drafts_branches=True)
+    client.new_group_size = 8
+
+    def step_at(step_id: int, seqs: list[tuple[str, int]]) -> tuple[DraftStep, torch.Tensor]:
+        slices = [SeqSlice(rid, i, 1, pos) for i, (rid, pos) in enumerate(seqs)]
+        return DraftStep(step_id, K, slices, np.ones(len(seqs), np.int32)), torch.zeros(len(seqs), 4)
+
+    client.propose(*step_at(0, [("a", 10), ("b", 10)]))
+    client.propose(*step_at(1, [("a", 11)]))  # "b" not scheduled: still homed, not finished
+    assert drafter.asked[-1] == ["a", "b"] and drafter.freed == []
+    reply, timing = client.propose(*step_at(2, [("a", 12), ("b", 11)]))
+    assert reply.hit_rows == [1] and reply.draft_token_ids[1].tolist() == [3, 4]
 
 
 # --- the drafter: idle slots are evicted, the health probe takes no slot, a step past a gap is not drafted from
