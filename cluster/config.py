@@ -17,7 +17,7 @@ verifier's engine for any drafter change):
     args:
       target: ..., head: ..., max_model_len: ...     # the verifier's model, speculative_config.model, and length
       num_cpus, num_gpus, resources, num_replicas | autoscaling_config, dtype, max_num_seqs, kv_cache_gib,
-      timeout_s, async_drafting, ...
+      idle_slot_ttl_s, timeout_s, async_drafting, ...
 
 Model paths: a relative path resolves against the current directory (a Serve ``runtime_env`` ``working_dir``
 when the YAML sets one), else against the project's folder (where ``models/`` ships), so a YAML means the same
@@ -247,6 +247,8 @@ class DrafterConfig(_Strict):
                               "more get no drafts")
     kv_cache_gib: float | None = Field(None, gt=0, description="the draft KV cache's memory cap per replica; "
                                        "null: 60% of the GPU memory free after the weights (no cap on a CPU)")
+    idle_slot_ttl_s: float | None = Field(300.0, gt=0, description="a sequence not stepped for this long loses its "
+                                          "draft KV slot (its verifier died, its free was lost); null: never")
     cpu_affinity: list[NonNegativeInt] | None = Field(
         None, min_length=1, description="bind each drafter's process to these cores (a drafter with cores of its own)")
     timeout_s: float = Field(10.0, gt=0, description="a draft call slower than this drafts nothing")
@@ -256,7 +258,7 @@ class DrafterConfig(_Strict):
     def for_engine(self) -> dict[str, Any]:
         """``DrafterActor``'s engine options."""
         return {"dtype": None if self.dtype == "auto" else self.dtype, "max_num_seqs": self.max_num_seqs,
-                "kv_cache_gib": self.kv_cache_gib}
+                "kv_cache_gib": self.kv_cache_gib, "idle_slot_ttl_s": self.idle_slot_ttl_s}
 
     @model_validator(mode="after")
     def _one_scaling(self) -> DrafterConfig:

@@ -29,11 +29,10 @@ from actors.eagle.checkpoint import SHARED_TENSOR_NAMES
 from actors.eagle.compat import check_head_fits_target, target_text_config
 from actors.eagle.hub import HEAD_FILES, resolve_model_dir, resolve_target_dir
 from actors.eagle.spec import load_head_spec
-from actors.messages import BranchTable, DraftResult, DraftStatus, DraftStep, SeqSlice
+from actors.messages import BranchTable, DraftResult, DraftStatus, DraftStep
 from actors.timing import ms_since
 
 logger = logging.getLogger(__name__)
-HEALTH_PROBE = "__health__"
 
 
 class DrafterActor:
@@ -41,10 +40,12 @@ class DrafterActor:
                  num_threads: int | None = None, drafter_id: str = "",
                  branches: BranchConfig | dict[str, Any] | None = None,
                  cpu_affinity: list[int] | None = None, device: str | None = None, dtype: str | None = None,
-                 max_num_seqs: int = 1024, kv_cache_gib: float | None = None) -> None:
+                 max_num_seqs: int = 1024, kv_cache_gib: float | None = None,
+                 idle_slot_ttl_s: float | None = 300.0) -> None:
         """``cpu_affinity``: bind this process to these cores (a drafter with cores of its own).
         ``max_num_seqs`` / ``kv_cache_gib``: the most sequences the draft KV cache holds, and its memory cap;
-        sequences past either get no drafts (``DraftResult.full_rows``), never an error.
+        sequences past either get no drafts (``DraftResult.full_rows``), never an error. ``idle_slot_ttl_s``: a
+        sequence not stepped for this long loses its slot (``DrafterEngine``; ``None``: never).
         ``device`` / ``dtype``: forced, or ``None`` to decide from the resources this actor was given and the head
         (``actors.drafter.placement``): a GPU and the head's dtype when it has a GPU, else the CPU in float32."""
         if cpu_affinity:
@@ -66,7 +67,7 @@ class DrafterActor:
         self.engine = DrafterEngine.from_checkpoint(head_dir, target_dir, max_model_len=max_model_len,
                                                     branches=branches, device=self.placement.device,
                                                     dtype=self.placement.dtype, max_num_seqs=max_num_seqs,
-                                                    kv_cache_gib=kv_cache_gib)
+                                                    kv_cache_gib=kv_cache_gib, idle_slot_ttl_s=idle_slot_ttl_s)
         self.head_dir = head_dir
         self.drafter_id = drafter_id  # answered with every result, so a pool's client knows who drafted
         self.steps = 0
@@ -119,14 +120,9 @@ class DrafterActor:
         return self.engine.num_active_sequences
 
     def probe(self) -> tuple[int, int]:
-        """Draft one token for a throwaway sequence (a health check); returns the drafts' shape."""
-        spec = self.engine.spec
-        step = DraftStep(-1, 1, [SeqSlice(HEALTH_PROBE, 0, 1, 0)], np.zeros(1, np.int32))
-        hidden = np.zeros((1, spec.fused_hidden_size), np.float32)
-        try:
-            return tuple(self.engine.propose(step, hidden, precompute=False).draft_token_ids.shape)
-        finally:
-            self.engine.free([HEALTH_PROBE])
+        """A health check: one draft token through the head, with no slot of the draft KV cache taken
+        (``DrafterEngine.probe``); returns the drafts' shape."""
+        return self.engine.probe()
 
     def stats(self) -> dict[str, Any]:
         import ray
@@ -144,6 +140,7 @@ class DrafterActor:
             "failures": self.failures,
             "cold_sequences": self.cold_sequences,
             "full_sequences": self.full_sequences,
+            "evicted_sequences": self.engine.evicted,  # slots reclaimed from idle sequences
             "max_sequences": self.engine.cache.max_slots,
             "async_drafting": self.engine.branch_config is not None,
             "branch_hits": self.branch_hits,
@@ -187,6 +184,7 @@ def start_drafter_actor(
     dtype: str | None = None,
     max_num_seqs: int = 1024,
     kv_cache_gib: float | None = None,
+    idle_slot_ttl_s: float | None = 300.0,
 ):
     """A named ``DrafterActor`` on its own resources; returns its handle once the head is loaded.
 
@@ -201,6 +199,7 @@ def start_drafter_actor(
     handle = drafter_actor_class(**opts).remote(
         head_dir, target_dir, max_model_len, num_threads, name or "", branches=branches, cpu_affinity=cpu_affinity,
         device=device, dtype=dtype, max_num_seqs=max_num_seqs, kv_cache_gib=kv_cache_gib,
+        idle_slot_ttl_s=idle_slot_ttl_s,
     )
     ray.get(handle.ping.remote())
     return handle

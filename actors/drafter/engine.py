@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -174,6 +175,8 @@ class DrafterEngine:
         dtype: torch.dtype | None = None,
         kv_cache_gib: float | None = None,
         kv_cache_free_fraction: float = 0.6,
+        idle_slot_ttl_s: float | None = 300.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``branches``: asynchronous drafting (``actors.drafter.branches``); ``after_step`` then does the
         off-critical-path work of each step, and must run before the next ``propose``.
@@ -183,7 +186,11 @@ class DrafterEngine:
         sequences and no more slots than fit in ``kv_cache_gib`` (default on CUDA: ``kv_cache_free_fraction`` of
         the memory free once the weights are loaded; on a CPU, no memory cap). Sequences beyond either limit get
         no drafts (``Proposal.full_rows``) instead of an error or an out-of-memory. The cache grows by doubling,
-        one layer's K or V at a time, so while growing it briefly holds up to 1.25x its budget (one-layer heads)."""
+        one layer's K or V at a time, so while growing it briefly holds up to 1.25x its budget (one-layer heads).
+
+        ``idle_slot_ttl_s``: a sequence not stepped for this long (by ``clock``) loses its slot, checked at each
+        step (``evicted`` counts them; ``None``: never): a sequence whose verifier died, or whose free never came,
+        would otherwise hold it for good and count as load. One that comes back later is drafted as re-homed."""
         self.dtype = dtype or head.embed_tokens.weight.dtype
         self.head = head.cast(self.dtype).to(device).eval().fuse()
         self.device = device
@@ -206,6 +213,8 @@ class DrafterEngine:
         self.chunks = {i: layer.self_attn.chunk_size for i, layer in enumerate(head.layers)}
         self.branch_config = branches
         self.branch_table: dict[str, BranchEntry] = {}
+        self.idle_slot_ttl_s, self.clock = idle_slot_ttl_s, clock
+        self.evicted = 0  # sequences whose slot was reclaimed for idleness
         self._pending: _Pending | None = None  # what after_step() has to do for the last step
 
     @classmethod
@@ -222,6 +231,33 @@ class DrafterEngine:
         self.cache.free(req_ids)
         for rid in req_ids:
             self.branch_table.pop(rid, None)
+
+    def evict_idle(self, keep: set[str]) -> list[str]:
+        """Free the sequences idle past ``idle_slot_ttl_s``, except ``keep`` (those of the step at hand)."""
+        if self.idle_slot_ttl_s is None:
+            return []
+        idle = self.cache.evict_idle(self.clock() - self.idle_slot_ttl_s, keep)
+        for rid in idle:
+            self.branch_table.pop(rid, None)
+        self.evicted += len(idle)
+        return idle
+
+    @torch.inference_mode()
+    def probe(self) -> tuple[int, int]:
+        """A health check: one row through the head and one draft token from it, attending to that row alone, so
+        it takes no slot of the draft KV cache (never counted as a sequence, never refused when the cache is
+        full) and leaves the branch table and a pending ``after_step`` alone. Returns the drafts' shape."""
+        dev = self.device
+        ids = torch.zeros(1, dtype=torch.long, device=dev)
+        hidden = torch.zeros(1, self.spec.fused_hidden_size, dtype=self.dtype, device=dev)
+        everything = torch.ones(1, 1, 1, dtype=torch.bool, device=dev)
+
+        def attend(layer: int, q, k, v, positions) -> torch.Tensor:  # q [1, heads, hd]; k, v [1, kv_heads, hd]
+            return sdpa_attend(q[:, None], k[:, None], v[:, None], everything)[:, 0]  # [1, heads * hd]
+
+        out, _ = self.head(ids, self.head.combine(hidden), torch.zeros(1, dtype=torch.long, device=dev), attend)
+        drafts = self.head.to_target_ids(self.head.draft_logits(out).argmax(-1))[:, None]  # [1, 1]
+        return tuple(drafts.shape)
 
     def no_room(self, step: DraftStep) -> list[int]:
         """The sequences of ``step`` (indices) this drafter has no room for: those whose drafting would reach
@@ -264,7 +300,8 @@ class DrafterEngine:
     def _context(self, step: DraftStep, hidden: torch.Tensor) -> tuple[_Chain, int]:
         """Pass 0: all rows of all sequences at once, writing their K/V; each sequence's last row starts a chain."""
         num_seqs = len(step.seqs)
-        slots, cold = self.cache.slots_for([s.req_id for s in step.seqs], [s.start_position for s in step.seqs])
+        slots, cold = self.cache.slots_for([s.req_id for s in step.seqs], [s.start_position for s in step.seqs],
+                                           self.clock())
         counts = torch.tensor([s.num_tokens for s in step.seqs])
         starts = torch.tensor([s.start for s in step.seqs])
         first_pos = torch.tensor([s.start_position for s in step.seqs])
@@ -275,6 +312,7 @@ class DrafterEngine:
         ids = torch.from_numpy(step.input_ids.astype(np.int64)).to(self.device)
         out, fed = self._pass(ids, self.head.combine(hidden.to(self.device, self.dtype)), batch)
         last = starts + counts - 1
+        self.cache.wrote(slots, positions[last])
         last_d = last.to(self.device)
         chain = _Chain([s.req_id for s in step.seqs], slots, positions[last],
                        [self.head.draft_logits(out[last_d])], [fed[last_d]])
@@ -366,6 +404,7 @@ class DrafterEngine:
         if self._pending is not None:
             self.after_step()
         self.free(step.finished)
+        self.evict_idle({s.req_id for s in step.seqs})
         k = step.num_speculative_tokens
         num_seqs = len(step.seqs)
         if num_seqs == 0:

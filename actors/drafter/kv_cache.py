@@ -9,9 +9,20 @@ further right are never seen.
 A sequence first seen mid-stream (re-homed here after its drafter died or scaled down) has no entries before
 its first position: ``known_from[slot]`` records that position, and attention masks keys before it, so the
 sequence drafts from the context it has here rather than from another sequence's stale entries.
+
+``next_pos[slot]``: the position after the last *real* row written (``DrafterEngine._context``; draft passes
+write ahead but do not count). A step that starts further right (``start_position > next_pos``: a step whose
+rows never reached this drafter, e.g. its call failed) would read entries that are missing or drafts': the
+sequence is then treated like a re-homed one (``known_from`` moves to the step's first position; counted cold).
+
+Slots are also reclaimed from sequences nobody steps or frees any more (a verifier that died, a free that was
+lost): ``evict_idle`` frees those not used for a while, oldest first (``last_used``, in use order), so leaked
+slots do not inflate the load that routers and autoscalers read (``num_active``).
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import torch
 
@@ -61,6 +72,8 @@ class DraftKVCache:
         self.slot_of: dict[str, int] = {}
         self.free_slots = list(range(num_slots - 1, -1, -1))
         self.known_from = torch.zeros(num_slots, dtype=torch.long)  # [num_slots] on the CPU: read per step
+        self.next_pos = torch.zeros(num_slots, dtype=torch.long)  # [num_slots] after the last real row (CPU)
+        self.last_used: OrderedDict[str, float] = OrderedDict()  # req_id -> when last stepped, oldest first
 
     @property
     def num_slots(self) -> int:
@@ -79,11 +92,13 @@ class DraftKVCache:
             for i, t in enumerate(lst):
                 lst[i] = torch.cat([t, torch.zeros(new - old, *self.shape_tail, dtype=self.dtype, device=self.device)])
         self.known_from = torch.cat([self.known_from, self.known_from.new_zeros(new - old)])
+        self.next_pos = torch.cat([self.next_pos, self.next_pos.new_zeros(new - old)])
         self.free_slots = list(range(new - 1, old - 1, -1)) + self.free_slots
 
     def slots_for(
-        self, req_ids: list[str], start_positions: list[int]
+        self, req_ids: list[str], start_positions: list[int], now: float = 0.0
     ) -> tuple[torch.Tensor, int]:  # ([B] slot indices (CPU), allocating new sequences; how many arrived mid-stream)
+        """``now``: the time of this use (``last_used``; ``evict_idle`` compares it)."""
         out, cold = [], 0
         for rid, pos in zip(req_ids, start_positions, strict=True):
             slot = self.slot_of.get(rid)
@@ -92,16 +107,42 @@ class DraftKVCache:
                     self._grow()
                 slot = self.free_slots.pop()
                 self.slot_of[rid] = slot
-                self.known_from[slot] = pos
+                self.known_from[slot] = self.next_pos[slot] = pos
                 cold += pos > 0
             elif pos < self.known_from[slot]:  # restarted (preempted): everything from pos is rewritten
                 self.known_from[slot] = pos
+            elif pos > self.next_pos[slot]:  # rows it never got: draft from what follows, as a re-homed one
+                self.known_from[slot] = pos
+                cold += 1
+            self.last_used[rid] = now
+            self.last_used.move_to_end(rid)
             out.append(slot)
         return torch.tensor(out, dtype=torch.long), cold
+
+    def wrote(
+        self,
+        slots: torch.Tensor,  # [B] (CPU)
+        last_positions: torch.Tensor,  # [B] each sequence's last real row written (CPU)
+    ) -> None:
+        """Real rows (not drafts) were written up to ``last_positions``: the next step continues after them."""
+        self.next_pos[slots] = last_positions + 1
+
+    def evict_idle(self, before: float, keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """Free the sequences last used before ``before`` (except ``keep``); returns them. Cheap when nothing is
+        idle: ``last_used`` is in use order, so the scan stops at the first recent one."""
+        idle = []
+        for rid, used in self.last_used.items():
+            if used >= before:
+                break
+            if rid not in keep:
+                idle.append(rid)
+        self.free(idle)
+        return idle
 
     def free(self, req_ids: list[str]) -> None:
         for rid in req_ids:
             slot = self.slot_of.pop(rid, None)
+            self.last_used.pop(rid, None)
             if slot is not None:
                 self.free_slots.append(slot)
         if not self.slot_of and self.num_slots > self.initial_slots:  # idle: give back what a burst grew

@@ -11,7 +11,8 @@ One step, for each home's share of the batch (``DraftStep.select``):
    If the drafter is still drafting it, the client waits for it (``wait_ms``: time the verifier waited);
 2. each sequence's real outcome is looked up in it locally (``BranchEntry.lookup``); a *hit* has its drafts;
 3. the sub-step goes to the home (``propose``, the hidden rows as the call's argument: Ray inlines small arrays
-   and passes large ones through the object store), then ``branches()``; neither is waited for, unless enough
+   and passes large ones through the object store), then ``branches()`` for every sequence homed there (one that
+   vLLM did not schedule this step still has its branches when it is back); neither is waited for, unless enough
    of the step missed (``wait_for_misses``): then the client waits for ``propose``'s drafts of the misses.
    Otherwise the misses get placeholder drafts for this step (vLLM rejects them) and are sent as
    ``SeqRole.CONTEXT``, like prompt steps: their drafter drafts their next step from the context.
@@ -163,14 +164,31 @@ class DraftClient:
                                                  int(info.get("active_sequences", 0)))
 
     def _drop(self, link: DrafterLink, req_ids: list[str], error: str) -> None:
-        """A drafter failed: forget it; its sequences lose their home and are re-homed at their next step."""
+        """A drafter failed: forget it; its sequences lose their home and are re-homed at their next step.
+
+        A drafter that timed out or answered badly may still be alive, holding the lost sequences' draft KV slots
+        (which count as its load for the router and the autoscaler): it is sent ``free`` for them, and for the
+        finished sequences not yet freed there, without waiting (``_free_on_lost_home``)."""
         self.links.pop(link.drafter_id, None)
-        self.to_free.pop(link.drafter_id, None)
+        unsent = self.to_free.pop(link.drafter_id, [])
         lost = [rid for rid, h in self.home.items() if h == link.drafter_id]
         for rid in lost:
             self.lost[rid] = self.home.pop(rid)
+        self._free_on_lost_home(link, unsent + lost)
         self.events.append((time.time(), "failed", len(set(lost) | set(req_ids))))
         logger.warning("drafter %s failed (%s); %d sequences will be re-homed", link.drafter_id, error, len(lost))
+
+    @staticmethod
+    def _free_on_lost_home(link: DrafterLink, req_ids: list[str]) -> None:
+        """Fire and forget: ``free(req_ids)`` on a dropped drafter. Never waits, never raises (a dead actor's call
+        just fails, and nobody reads it); a drafter that never gets it evicts the slots once idle
+        (``DraftKVCache.evict_idle``)."""
+        if not req_ids:
+            return
+        try:
+            link.actor.free.remote(list(req_ids))
+        except Exception as e:  # the actor handle is unusable: the drafter is gone, and its slots with it
+            logger.info("freeing %d sequences on dropped drafter %s failed (%s)", len(req_ids), link.drafter_id, e)
 
     def _place(self, req_ids: list[str]) -> None:
         """Give sequences without a home one: the least-loaded drafter, ``new_group_size`` at a time."""
@@ -289,6 +307,11 @@ class DraftClient:
         num_missed = sum(len(p[4]) for p in plans)
         wait = num_missed > self.wait_for_misses * drafted
         waiting: list[tuple[DrafterLink, list[int], Any]] = []
+        # The branches asked for: every sequence homed on the drafter, not only this step's, so that one vLLM did
+        # not schedule this step (it keeps its drafter state) finds its branches when it comes back.
+        homed: dict[str, list[str]] = defaultdict(list)
+        for rid, h in self.home.items():
+            homed[h].append(rid)
         for link, idx, sub, rows, missed in plans:
             t = time.perf_counter()
             must_wait = bool(missed) and (wait or not link.drafts_branches)
@@ -297,7 +320,7 @@ class DraftClient:
                     sub.seqs[j] = replace(sub.seqs[j], role=SeqRole.CONTEXT)
                     reply.placeholder_rows.append(idx[j])
             ref = link.actor.propose.remote(sub.pack(), array[rows])
-            link.branches_ref = (link.actor.branches.remote([s.req_id for s in sub.seqs])
+            link.branches_ref = (link.actor.branches.remote(homed[link.drafter_id])
                                  if link.drafts_branches else None)
             if must_wait:
                 waiting.append((link, idx, ref))

@@ -14,6 +14,13 @@ and returns draft token ids ``[batch_size, k]``. Sequence i's rows are ``query_s
 accepted row; rows after it (rejected drafts, padded path) are dropped before shipping. Sequences are in
 ``runner.input_batch.req_ids`` order.
 
+Which sequences' draft state is freed: only those vLLM's scheduler finished (or aborted), which the worker hands
+over from each ``SchedulerOutput.finished_req_ids`` (``scheduler_finished``). A running request missing from a
+step's batch is *not* finished: vLLM's runner takes every request the scheduler did not schedule this step out of
+``input_batch`` (a tight token budget, or a preemption) and puts it back when it is scheduled again; its drafter
+keeps its draft KV cache meanwhile, so it comes back drafting with its context (its rows continue where they
+stopped; a preempted one restarts from an earlier position, which the drafter rewrites).
+
 Only tensor-parallel rank 0 talks to the drafter: vLLM's scheduler takes draft tokens from that rank's output
 and broadcasts them with the next step, so other ranks return placeholders of the right shape. That holds with
 async scheduling off and one pipeline stage, which ``actors.verifier.options`` enforces.
@@ -103,7 +110,7 @@ class RemoteEagleProposer(EagleProposer):
         self.is_driver = is_driver
         self.kv_cache_gid = 0
         self.state = ProposerState()
-        self._live: set[str] = set()
+        self._finished: set[str] = set()  # finished by the scheduler, not yet sent to the drafters
 
     # --- no draft model in this process --------------------------------------------------------------
     def load_model(self, target_model: torch.nn.Module) -> None:
@@ -166,8 +173,7 @@ class RemoteEagleProposer(EagleProposer):
             SeqSlice(rid, off, n, int(positions[off]))
             for rid, off, n in zip(req_ids, offsets, counts.tolist(), strict=True)
         ]
-        finished = sorted(self._live - set(req_ids))
-        self._live = set(req_ids)
+        finished, self._finished = sorted(self._finished), set()
         prompt_lens = getattr(self.runner.input_batch, "num_prompt_tokens", None)
         if prompt_lens is not None:
             # A step whose rows end in the prompt: a partial prefill (vLLM discards its drafts), or the prompt's
@@ -222,11 +228,21 @@ class RemoteEagleProposer(EagleProposer):
             if sent is not None:
                 self.state.pending[seqs[i].req_id] = (*sent[:2], source)
 
+    def scheduler_finished(self, req_ids: set[str] | list[str]) -> None:
+        """Requests vLLM's scheduler finished or aborted (``SchedulerOutput.finished_req_ids``): their draft state
+        is freed with the next step (``DraftStep.finished``). The only way a sequence's draft state is freed: one
+        that is merely absent from a step's batch was not scheduled, and will be back."""
+        if self.is_driver and self.client is not None:
+            self._finished.update(req_ids)
+
     def free_now(self, req_ids: list[str]) -> None:
-        """Free finished sequences' draft state at once (the engine is going idle: no step will carry them)."""
-        if not req_ids or not self.is_driver or self.client is None:
+        """Free finished sequences' draft state at once (the engine is going idle: no step will carry them), with
+        those finished before and not yet freed."""
+        if not self.is_driver or self.client is None:
             return
-        self._live -= set(req_ids)
+        req_ids, self._finished = sorted(self._finished | set(req_ids)), set()
+        if not req_ids:
+            return
         for rid in req_ids:
             self.state.pending.pop(rid, None)
         try:

@@ -87,10 +87,13 @@ class RemoteDraftWorker(_PlatformWorker):
 
     def execute_model(self, scheduler_output, *args: Any, **kwargs: Any):
         drafter = getattr(self.model_runner, "drafter", None)
-        if isinstance(drafter, RemoteEagleProposer) and scheduler_output.total_num_scheduled_tokens == 0:
-            # The engine's last step before going idle carries the requests that just finished: free their
-            # draft state now, since no propose() follows to carry them.
-            drafter.free_now(sorted(scheduler_output.finished_req_ids))
+        if isinstance(drafter, RemoteEagleProposer):
+            if scheduler_output.total_num_scheduled_tokens == 0:
+                # The engine's last step before going idle carries the requests that just finished: free their
+                # draft state now, since no propose() follows to carry them.
+                drafter.free_now(sorted(scheduler_output.finished_req_ids))
+            else:  # freed with the next propose(); requests merely not scheduled keep theirs
+                drafter.scheduler_finished(scheduler_output.finished_req_ids)
         now = time.perf_counter()
         if self._last_start is not None and scheduler_output.total_num_scheduled_tokens:
             self._period_ms.append((now - self._last_start) * 1e3)

@@ -99,7 +99,7 @@ def test_remote_propose_times_until_the_device_is_done(monkeypatch):
     waited: list = []
     monkeypatch.setattr(timing, "synchronize", waited.append)
     p = object.__new__(RemoteEagleProposer)  # what propose() reads; no vLLM config
-    p.is_driver, p.client, p.state, p._live, p.device = True, Client(), ProposerState(), set(), torch.device("cpu")
+    p.is_driver, p.client, p.state, p._finished, p.device = True, Client(), ProposerState(), set(), torch.device("cpu")
     p.runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=["a", "b"]))
     meta = SimpleNamespace(batch_size=lambda: 2, query_start_loc_cpu=torch.tensor([0, 3, 5]))
     drafts = p.propose(2, torch.arange(5), torch.arange(5), torch.zeros(5, 4), torch.tensor([9, 9]), None, meta, None)

@@ -1,0 +1,298 @@
+"""Draft KV slots are not leaked (hardening): a drafter the client drops for a timeout or a bad answer is told to
+free the sequences it held (it may be alive, and its slots count as load for the router and the autoscaler);
+a drafter evicts slots left idle; its health probe takes none. And a sequence's draft state stays right when
+steps skip it: one back from a step vLLM did not schedule finds its branches, and one whose rows never reached
+the drafter is drafted from what the drafter really has.
+
+No Ray runs here: the drafter is a fake actor whose calls return fake object refs, and ``ray.get`` / ``ray.wait``
+are replaced to read them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import ray
+
+from actors.messages import BranchEntry, BranchTable, DraftResult, DraftStatus, DraftStep, SeqSlice
+from actors.verifier.client import DraftClient
+
+K = 2
+VOCAB = 100
+
+
+@dataclass
+class Ref:
+    """A fake ``ObjectRef``: ``ray.get`` returns ``value``, or raises ``error``."""
+
+    value: Any = None
+    error: Exception | None = None
+
+
+class Method:
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def remote(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+class FakeDrafter:
+    """A drafter actor: ``propose`` answers ``answer(step)`` (a ``DraftResult`` or an exception for ``ray.get``);
+    ``free`` and a step's ``finished`` record what it was asked to free (``free`` raises with ``free_raises``)."""
+
+    def __init__(self, answer, free_raises: bool = False) -> None:
+        self.answer, self.free_raises = answer, free_raises
+        self.freed: list[str] = []
+        self.propose = Method(self._propose)
+        self.free = Method(self._free)
+        self.branches = Method(lambda req_ids: Ref(error=AssertionError("no branches asked of a sync drafter")))
+
+    def _propose(self, step_bytes: bytes, hidden: np.ndarray) -> Ref:
+        step = DraftStep.unpack(step_bytes)
+        self.freed += step.finished  # as the engine does first thing
+        out = self.answer(step)
+        return Ref(error=out) if isinstance(out, Exception) else Ref(out.pack())
+
+    def _free(self, req_ids: list[str]) -> Ref:
+        if self.free_raises:
+            raise RuntimeError("actor handle unusable")
+        self.freed += req_ids
+        return Ref(0)
+
+
+def good(step: DraftStep) -> DraftResult:
+    return DraftResult(step.step_id, DraftStatus.OK, np.ones((len(step.seqs), K), np.int32))
+
+
+def out_of_vocab(step: DraftStep) -> DraftResult:
+    return DraftResult(step.step_id, DraftStatus.OK, np.full((len(step.seqs), K), VOCAB + 5, np.int32))
+
+
+def timed_out(step: DraftStep) -> Exception:
+    return ray.exceptions.GetTimeoutError("drafter too slow")
+
+
+class Pool(DraftClient):
+    def __init__(self, drafters: dict[str, tuple[FakeDrafter, int]], drafts_branches: bool = False) -> None:
+        super().__init__(timeout_s=1.0, vocab_size=VOCAB)
+        self.drafters, self.drafts_branches = drafters, drafts_branches
+
+    def _discover(self, blocking: bool) -> None:
+        for drafter_id, (actor, load) in self.drafters.items():
+            self._add_link(drafter_id, actor, {"drafts_branches": self.drafts_branches, "active_sequences": load})
+
+
+@pytest.fixture(autouse=True)
+def fake_ray(monkeypatch):
+    def get(ref: Ref, timeout: float | None = None) -> Any:
+        if ref.error is not None:
+            raise ref.error
+        return ref.value
+
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(ray, "wait", lambda refs, timeout=None: (list(refs), []))
+
+
+def step_of(step_id: int, req_ids: list[str], finished: list[str] | None = None) -> tuple[DraftStep, np.ndarray]:
+    seqs = [SeqSlice(rid, i, 1, 10 + step_id) for i, rid in enumerate(req_ids)]
+    return DraftStep(step_id, K, seqs, np.ones(len(seqs), np.int32), finished or []), np.zeros((len(seqs), 4))
+
+
+@pytest.mark.parametrize("answer", [out_of_vocab, timed_out], ids=["bad-answer", "timeout"])
+def test_dropped_drafter_is_told_to_free_what_it_held(answer):
+    import torch
+
+    sick, healthy = FakeDrafter(answer), FakeDrafter(good)
+    client = Pool({"sick": (sick, 0), "healthy": (healthy, 100)})  # new sequences go to the least loaded: sick
+    client.new_group_size = 8
+    s, h = step_of(0, ["a", "b"])
+    reply, _ = client.propose(s, torch.from_numpy(h))
+    assert reply.status is DraftStatus.FAILED
+    assert sorted(sick.freed) == ["a", "b"]  # freed on the home they lost, not only forgotten here
+    assert "sick" not in client.links and set(client.lost) == {"a", "b"}
+
+    # Next step: re-homed on the healthy drafter; nothing else is sent to the dropped one.
+    client.drafters.pop("sick")
+    s, h = step_of(1, ["a", "b"])
+    reply, _ = client.propose(s, torch.from_numpy(h))
+    assert reply.status is DraftStatus.OK and client.home == {"a": "healthy", "b": "healthy"}
+    assert sorted(sick.freed) == ["a", "b"]
+
+
+def test_finished_and_lost_sequences_are_all_freed_on_the_dropped_drafter():
+    import torch
+
+    sick = FakeDrafter(good)
+    client = Pool({"sick": (sick, 0)})
+    s, h = step_of(0, ["a", "b"])
+    client.propose(s, torch.from_numpy(h))
+    sick.answer = out_of_vocab
+    s, h = step_of(1, ["b"], finished=["a"])  # "a" finished: freed with this step, which fails: "b" by free()
+    client.propose(s, torch.from_numpy(h))
+    assert sorted(sick.freed) == ["a", "b"]
+
+
+def test_freeing_on_a_dead_drafter_never_raises():
+    import torch
+
+    dead = FakeDrafter(timed_out, free_raises=True)
+    client = Pool({"dead": (dead, 0)})
+    s, h = step_of(0, ["a"])
+    reply, _ = client.propose(s, torch.from_numpy(h))  # must not raise
+    assert reply.status is DraftStatus.FAILED and dead.freed == [] and "a" in client.lost
+
+
+class BranchingDrafter(FakeDrafter):
+    """An asynchronous drafter: ``branches(req_ids)`` answers the ``entries`` it holds of ``req_ids``, and records
+    what it was asked for."""
+
+    def __init__(self, entries: dict[str, BranchEntry]) -> None:
+        super().__init__(good)
+        self.entries, self.asked = entries, []
+        self.branches = Method(self._branches)
+
+    def _branches(self, req_ids: list[str]) -> Ref:
+        self.asked.append(sorted(req_ids))
+        return Ref(BranchTable({r: self.entries[r] for r in req_ids if r in self.entries}).pack())
+
+
+def test_a_sequence_back_from_an_unscheduled_step_finds_its_branches():
+    """The client asks its drafter for the branches of every sequence homed there, not only the step's: "b", not
+    scheduled in step 1, is answered from its branches in step 2 without waiting."""
+    import torch
+
+    drafter = BranchingDrafter({"b": BranchEntry(10, [5, 6], {(0, 1): [3, 4]})})
+    client = Pool({"d": (drafter, 0)}, drafts_branches=True)
+    client.new_group_size = 8
+
+    def step_at(step_id: int, seqs: list[tuple[str, int]]) -> tuple[DraftStep, torch.Tensor]:
+        slices = [SeqSlice(rid, i, 1, pos) for i, (rid, pos) in enumerate(seqs)]
+        return DraftStep(step_id, K, slices, np.ones(len(seqs), np.int32)), torch.zeros(len(seqs), 4)
+
+    client.propose(*step_at(0, [("a", 10), ("b", 10)]))
+    client.propose(*step_at(1, [("a", 11)]))  # "b" not scheduled: still homed, not finished
+    assert drafter.asked[-1] == ["a", "b"] and drafter.freed == []
+    reply, timing = client.propose(*step_at(2, [("a", 12), ("b", 11)]))
+    assert reply.hit_rows == [1] and reply.draft_token_ids[1].tolist() == [3, 4]
+
+
+# --- the drafter: idle slots are evicted, the health probe takes no slot, a step past a gap is not drafted from
+# entries the drafter never got -----------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def engine_of(toy_heads, **kw: Any):
+    from actors.drafter.engine import DrafterEngine
+    from actors.eagle.checkpoint import load_head
+
+    target_dir, heads = toy_heads
+    return DrafterEngine(load_head(heads["eagle3"], target_dir), max_model_len=64, **kw)
+
+
+def draft_step(step_id: int, seqs: list[tuple[str, int, int]], width: int, seed: int = 0):
+    """seqs: (req_id, first position, rows); random input ids and hidden rows ([N, width])."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    slices, off = [], 0
+    for rid, pos, n in seqs:
+        slices.append(SeqSlice(rid, off, n, pos))
+        off += n
+    ids = torch.randint(0, 300, (off,), generator=g).numpy().astype(np.int32)
+    return DraftStep(step_id, K, slices, ids), torch.randn(off, width, generator=g)
+
+
+@pytest.mark.parametrize("branches", [None, {"bonus_fanout": 2, "recovered_fanout": 1}], ids=["sync", "async"])
+def test_idle_slots_are_evicted(toy_heads, branches):
+    from actors.drafter.branches import BranchConfig
+
+    clock = Clock()
+    engine = engine_of(toy_heads, idle_slot_ttl_s=300.0, clock=clock,
+                       branches=BranchConfig(**branches) if branches else None)
+    width = engine.spec.fused_hidden_size
+    engine.propose_tensors(*draft_step(0, [("a", 0, 4), ("b", 0, 3)], width))
+    engine.after_step()
+    assert engine.num_active_sequences == 2
+    clock.now = 200.0  # "b" steps on; "a" was abandoned (its verifier died, its free was lost)
+    engine.propose_tensors(*draft_step(1, [("b", 3, 1)], width, seed=1))
+    engine.after_step()
+    clock.now = 400.0
+    engine.propose_tensors(*draft_step(2, [("b", 4, 1)], width, seed=2))
+    assert engine.num_active_sequences == 1 and set(engine.cache.slot_of) == {"b"} and engine.evicted == 1
+    assert "a" not in engine.branch_table
+
+    # A sequence of the step at hand is never evicted, however long it was away; it continues where it was.
+    clock.now = 10_000.0
+    p = engine.propose_tensors(*draft_step(3, [("b", 5, 1)], width, seed=3))
+    assert set(engine.cache.slot_of) == {"b"} and engine.evicted == 1 and p.cold == 0
+
+
+def test_no_ttl_never_evicts(toy_heads):
+    clock = Clock()
+    engine = engine_of(toy_heads, idle_slot_ttl_s=None, clock=clock)
+    width = engine.spec.fused_hidden_size
+    engine.propose_tensors(*draft_step(0, [("a", 0, 4)], width))
+    clock.now = 1e9
+    engine.propose_tensors(*draft_step(1, [("b", 0, 2)], width))
+    assert engine.num_active_sequences == 2 and engine.evicted == 0
+
+
+def test_probe_takes_no_slot_even_when_the_cache_is_full(toy_heads):
+    engine = engine_of(toy_heads, max_num_seqs=1)
+    width = engine.spec.fused_hidden_size
+    assert engine.probe() == (1, 1)
+    assert engine.num_active_sequences == 0 and engine.cache.num_slots == 1
+    engine.propose_tensors(*draft_step(0, [("a", 0, 4)], width))
+    slots = dict(engine.cache.slot_of)
+    assert engine.probe() == (1, 1)  # full: it still drafts, and evicts nobody
+    assert engine.cache.slot_of == slots and engine.num_active_sequences == 1
+    p = engine.propose_tensors(*draft_step(1, [("a", 4, 1)], width, seed=1))
+    assert p.full_rows == [] and p.cold == 0
+
+
+def test_actor_probe_never_shows_as_a_sequence(toy_heads):
+    from actors.drafter.actor import DrafterActor
+
+    target_dir, heads = toy_heads
+    actor = DrafterActor(str(heads["eagle1"]), str(target_dir), max_model_len=64, max_num_seqs=1)
+    assert actor.probe() == (1, 1)
+    assert actor.stats()["active_sequences"] == 0 and actor.engine.cache.slot_of == {}
+    assert actor.stats()["evicted_sequences"] == 0
+
+
+@pytest.mark.parametrize("branches", [None, {"bonus_fanout": 2, "recovered_fanout": 1}], ids=["sync", "async"])
+def test_step_after_a_gap_drafts_as_a_rehomed_sequence(toy_heads, branches):
+    """Rows 5-7 never reached the drafter (their step's call failed): the step from position 8 must not attend to
+    entries that are missing or drafts'; it drafts as a sequence first seen at 8 would."""
+    from actors.drafter.branches import BranchConfig
+
+    cfg = BranchConfig(**branches) if branches else None
+    engine, fresh = engine_of(toy_heads, branches=cfg), engine_of(toy_heads, branches=cfg)
+    width = engine.spec.fused_hidden_size
+    engine.propose_tensors(*draft_step(0, [("s", 0, 5)], width))
+    engine.after_step()
+    slot = engine.cache.slot_of["s"]
+    assert int(engine.cache.next_pos[slot]) == 5
+    step, hidden = draft_step(1, [("s", 8, 2)], width, seed=1)
+    got, want = engine.propose_tensors(step, hidden), fresh.propose_tensors(step, hidden)
+    assert got.cold == want.cold == 1 and int(engine.cache.known_from[slot]) == 8
+    assert got.drafts.tolist() == want.drafts.tolist()
+    engine.after_step()
+    assert int(engine.cache.next_pos[slot]) == 10
+
+    # Contiguous steps, and a restart from an earlier position (preemption), are not gaps.
+    p = engine.propose_tensors(*draft_step(2, [("s", 10, 1)], width, seed=2))
+    assert p.cold == 0 and int(engine.cache.known_from[slot]) == 8
+    engine.after_step()
+    p = engine.propose_tensors(*draft_step(3, [("s", 0, 6)], width, seed=3))
+    assert p.cold == 0 and int(engine.cache.known_from[slot]) == 0
