@@ -250,17 +250,31 @@ class Ingress:
         return await self._openai(request, ChatCompletionRequest, "chat")
 
     async def http_models(self) -> Response:
-        return JSONResponse(await self.verifier.models.remote())
+        try:
+            return JSONResponse(await self.verifier.models.remote())
+        except Exception as e:
+            status, message = error_status(e)
+            return JSONResponse(error_body(status, message), status_code=status)
 
     async def http_health(self) -> Response:
+        """200, or 503 with a reason that names no internals (``/health`` is open): the verifier is unreachable,
+        or it answered that its engine is not healthy (logged here)."""
         try:
             await self.verifier.check_health.remote()
         except Exception as e:
-            return JSONResponse({"status": "unhealthy", "reason": str(e)[:200]}, status_code=503)
+            unreachable = isinstance(e, unreachable_errors())
+            logger.warning("health check failed: %s", e)
+            reason = f"verifier unavailable: {type(e).__name__}" if unreachable else "verifier unhealthy"
+            return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     async def http_metrics(self) -> Response:
-        return PlainTextResponse(await self.verifier.metrics.remote(), media_type="text/plain; version=0.0.4")
+        try:
+            text = await self.verifier.metrics.remote()
+        except Exception as e:
+            status, message = error_status(e)
+            return JSONResponse(error_body(status, message), status_code=status)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     # --- Python handle calls ----------------------------------------------------------------------------------
     async def generate(self, prompt: str, **sampling: Any) -> dict[str, Any]:

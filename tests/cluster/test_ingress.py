@@ -489,3 +489,39 @@ def test_http_stream_failure_mid_stream_says_which():
         assert r.status_code == 200 and events[-1] == "[DONE]" and "secret_internal_name" not in r.text
         assert json.loads(events[0])["choices"][0]["text"] == "a"
         assert json.loads(events[-2])["error"]["code"] == status
+
+
+class BrokenVerifier(FakeVerifier):
+    """Every call raises ``error`` (as a handle call does when the verifier is gone, or when it failed)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__()
+        self.error = error
+
+    async def _raise(self, *_):
+        raise self.error
+
+    completions = property(lambda self: _Call(self._raise_gen))
+    chat = completions
+    models = property(lambda self: _Call(self._raise))
+    check_health = property(lambda self: _Call(self._raise))
+    metrics = property(lambda self: _Call(self._raise))
+
+    async def _raise_gen(self, *_):
+        raise self.error
+        yield  # an async generator, as the verifier's completions
+
+
+def test_models_metrics_health_say_which_without_internals():
+    from starlette.testclient import TestClient
+
+    for error, status in [(_dead()[0], 503), (RuntimeError("secret_internal_name"), 500)]:
+        http = TestClient(_ingress(BrokenVerifier(error)).__serve_build_asgi_app__())
+        for path in ("/v1/models", "/metrics"):
+            r = http.get(path)
+            assert r.status_code == status and "secret_internal_name" not in r.text
+            assert r.json()["error"]["code"] == status
+        r = http.get("/health")
+        assert r.status_code == 503 and "secret_internal_name" not in r.text
+        assert r.json()["reason"] == ("verifier unavailable: ActorDiedError" if status == 503 else "verifier unhealthy")
+        assert http.post("/v1/completions", json=COMPLETION).status_code == status
