@@ -15,6 +15,10 @@ bonus / recovered token is ``c``: rows (position 7: input b, hidden h7), (positi
 Pipelined drafting adds a third message: after each step the drafter drafts the next step's *branches* (one per
 guessed outcome, ``actors.drafter.branches``) and answers ``DrafterActor.branches`` with a ``BranchTable``; the
 verifier keeps its object ref and, at the next step, looks each sequence's real outcome up in it locally.
+
+A drafter trusts nothing it is sent: ``DraftStep.unpack`` refuses malformed bytes and fields of the wrong type,
+``DraftStep.validate`` the values (k, sequences, positions, token ids, the hidden array's rows, width and dtype),
+both with ``BadStep`` naming what is wrong; the drafter answers that as a ``FAILED`` result.
 """
 
 from __future__ import annotations
@@ -24,6 +28,33 @@ from dataclasses import dataclass, field
 
 import msgpack
 import numpy as np
+
+MAX_SPECULATIVE_TOKENS = 16  # the most draft tokens per step a config may ask for (SpeculativeConfig)
+MAX_STEP_SEQS = 16384  # more sequences than any verifier batch holds
+MAX_POSITION = 2**31 - 1  # positions are int32 in vLLM; rows past a drafter's max_model_len get no drafts there
+HIDDEN_WIRE_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(np.int16)}  # hidden_dtype -> array dtype
+
+
+class BadStep(ValueError):
+    """A ``DraftStep`` (bytes or values) a drafter cannot draft from; the message says what is wrong."""
+
+
+def _int(value: object, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadStep(f"draft step: {name} must be an integer, got {type(value).__name__}")
+    return value
+
+
+def _str(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise BadStep(f"draft step: {name} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _list(value: object, name: str) -> list:
+    if not isinstance(value, list):
+        raise BadStep(f"draft step: {name} must be a list, got {type(value).__name__}")
+    return value
 
 
 class SeqRole(enum.StrEnum):
@@ -76,14 +107,40 @@ class DraftStep:
 
     @classmethod
     def unpack(cls, data: bytes) -> DraftStep:
-        d = msgpack.unpackb(data, raw=False)
+        """The step in ``data``, or ``BadStep``: not msgpack (truncated, trailing bytes), not a map with the fields
+        ``pack`` writes, or a field of the wrong type. Values are checked by ``validate``."""
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise BadStep(f"draft step: expected bytes, got {type(data).__name__}")
+        try:
+            d = msgpack.unpackb(data, raw=False, strict_map_key=True)
+        except Exception as e:  # msgpack's ExtraData, FormatError, StackError, ValueError, UnicodeDecodeError...
+            raise BadStep(f"draft step: not a msgpack message ({type(e).__name__})") from None
+        if not isinstance(d, dict):
+            raise BadStep(f"draft step: expected a map, got {type(d).__name__}")
+        missing = {"step_id", "k", "seqs", "input_ids", "finished", "hidden_dtype"} - set(d)
+        if missing:
+            raise BadStep(f"draft step: missing fields {sorted(missing)}")
+        seqs = []
+        for row in _list(d["seqs"], "seqs"):
+            if not isinstance(row, list) or len(row) != 5:
+                raise BadStep("draft step: each sequence must be [req_id, start, num_tokens, start_position, role]")
+            rid, start, n, pos, role = row
+            try:
+                role = SeqRole(_str(role, "role"))
+            except ValueError as e:
+                raise BadStep(f"draft step: role: {e}") from None
+            seqs.append(SeqSlice(_str(rid, "req_id"), _int(start, "start"), _int(n, "num_tokens"),
+                                 _int(pos, "start_position"), role))
+        raw_ids = d["input_ids"]
+        if not isinstance(raw_ids, bytes) or len(raw_ids) % 4:
+            raise BadStep("draft step: input_ids must be int32 bytes")
         return cls(
-            step_id=int(d["step_id"]),
-            num_speculative_tokens=int(d["k"]),
-            seqs=[SeqSlice(str(r), int(s), int(n), int(p), SeqRole(role)) for r, s, n, p, role in d["seqs"]],
-            input_ids=np.frombuffer(d["input_ids"], dtype=np.int32),
-            finished=[str(x) for x in d["finished"]],
-            hidden_dtype=str(d["hidden_dtype"]),
+            step_id=_int(d["step_id"], "step_id"),
+            num_speculative_tokens=_int(d["k"], "k"),
+            seqs=seqs,
+            input_ids=np.frombuffer(raw_ids, dtype=np.int32),
+            finished=[_str(x, "finished") for x in _list(d["finished"], "finished")],
+            hidden_dtype=_str(d["hidden_dtype"], "hidden_dtype"),
         )
 
     def select(self, seq_indices: list[int]) -> tuple[DraftStep, np.ndarray]:
@@ -102,34 +159,55 @@ class DraftStep:
         sub = DraftStep(self.step_id, self.num_speculative_tokens, seqs, self.input_ids[idx], [], self.hidden_dtype)
         return sub, idx
 
-    def validate(self, hidden_rows: int, hidden_width: int, expected_width: int, vocab_size: int | None = None) -> None:
-        """A step fit to draft from, or ``ValueError`` saying what is wrong: the hidden rows match the tokens, the
-        slices tile the rows in order (each sequence once, >= 1 row, position >= 0), the input ids are integer
-        token ids of the vocabulary (``vocab_size``; the head's embedding is indexed with them)."""
+    def check_hidden(self, hidden: object) -> None:
+        """The hidden states as they came over the wire, or ``BadStep``: a 2-D numpy array of the dtype that
+        ``hidden_dtype`` travels as (``HIDDEN_WIRE_DTYPES``: bfloat16 as int16 bits)."""
+        if self.hidden_dtype not in HIDDEN_WIRE_DTYPES:
+            raise BadStep(f"draft step: hidden_dtype {self.hidden_dtype[:40]!r} is none of "
+                          f"{sorted(HIDDEN_WIRE_DTYPES)}")
+        if not isinstance(hidden, np.ndarray) or hidden.ndim != 2:
+            raise BadStep(f"draft step: hidden must be a 2-D array, got {type(hidden).__name__} "
+                          f"{list(getattr(hidden, 'shape', []))}")
+        if hidden.dtype != HIDDEN_WIRE_DTYPES[self.hidden_dtype]:
+            raise BadStep(f"draft step: hidden array of {hidden.dtype} for hidden_dtype {self.hidden_dtype} "
+                          f"(travels as {HIDDEN_WIRE_DTYPES[self.hidden_dtype]})")
+
+    def validate(self, hidden_rows: int, hidden_width: int, expected_width: int, vocab_size: int | None = None,
+                 max_k: int = MAX_SPECULATIVE_TOKENS) -> None:
+        """A step fit to draft from, or ``BadStep`` (a ``ValueError``) saying what is wrong: 0 <= k <= ``max_k``
+        (the drafter's configured bound), at most ``MAX_STEP_SEQS`` sequences, the hidden rows match the tokens,
+        the slices tile the rows in order (each sequence once, >= 1 row, positions in ``[0, MAX_POSITION]``), the
+        input ids are integer token ids of the vocabulary (``vocab_size``; the head's embedding is indexed with
+        them). Rows past the drafter's ``max_model_len`` are no error: those sequences get no drafts
+        (``DrafterEngine.no_room``)."""
+        if not 0 <= self.num_speculative_tokens <= max_k:
+            raise BadStep(f"draft step: num_speculative_tokens {self.num_speculative_tokens} outside [0, {max_k}]")
+        if len(self.seqs) > MAX_STEP_SEQS:
+            raise BadStep(f"draft step: {len(self.seqs)} sequences, at most {MAX_STEP_SEQS}")
         if not isinstance(self.input_ids, np.ndarray) or self.input_ids.ndim != 1 or not np.issubdtype(
                 self.input_ids.dtype, np.integer):
-            raise ValueError(f"draft step: input_ids must be a 1-D integer array, got "
-                             f"{getattr(self.input_ids, 'dtype', type(self.input_ids).__name__)} "
-                             f"{list(getattr(self.input_ids, 'shape', []))}")
+            raise BadStep(f"draft step: input_ids must be a 1-D integer array, got "
+                          f"{getattr(self.input_ids, 'dtype', type(self.input_ids).__name__)} "
+                          f"{list(getattr(self.input_ids, 'shape', []))}")
         if self.input_ids.size and (int(self.input_ids.min()) < 0 or (
                 vocab_size is not None and int(self.input_ids.max()) >= vocab_size)):
-            raise ValueError(f"draft step: input ids in [{int(self.input_ids.min())}, {int(self.input_ids.max())}], "
-                             f"outside the vocabulary [0, {vocab_size})")
+            raise BadStep(f"draft step: input ids in [{int(self.input_ids.min())}, {int(self.input_ids.max())}], "
+                          f"outside the vocabulary [0, {vocab_size})")
         if len({s.req_id for s in self.seqs}) != len(self.seqs):
-            raise ValueError("draft step: a sequence appears twice")
+            raise BadStep("draft step: a sequence appears twice")
         if hidden_rows != self.num_tokens:
-            raise ValueError(f"draft step: {hidden_rows} hidden rows for {self.num_tokens} tokens")
+            raise BadStep(f"draft step: {hidden_rows} hidden rows for {self.num_tokens} tokens")
         if hidden_width != expected_width:
-            raise ValueError(f"draft step: hidden width {hidden_width}, the head expects {expected_width}")
-        if self.num_speculative_tokens < 0:
-            raise ValueError(f"draft step: num_speculative_tokens {self.num_speculative_tokens} < 0")
+            raise BadStep(f"draft step: hidden width {hidden_width}, the head expects {expected_width}")
         end = 0
         for s in self.seqs:
-            if s.start != end or s.num_tokens < 1 or s.start_position < 0:
-                raise ValueError(f"draft step: bad slice for {s.req_id}: {s}")
+            if (s.start != end or s.num_tokens < 1 or s.start_position < 0
+                    or s.start_position + s.num_tokens - 1 > MAX_POSITION):
+                raise BadStep(f"draft step: bad slice for {s.req_id[:80]!r}: start {s.start}, "
+                              f"{s.num_tokens} rows from position {s.start_position}")
             end = s.start + s.num_tokens
         if end != self.num_tokens:
-            raise ValueError(f"draft step: slices cover {end} of {self.num_tokens} rows")
+            raise BadStep(f"draft step: slices cover {end} of {self.num_tokens} rows")
 
 
 @dataclass

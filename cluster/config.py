@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validat
 
 from actors.eagle.compat import check_head_fits_target, target_text_config
 from actors.eagle.spec import HeadConfigError, HeadSpec, load_head_spec
+from actors.messages import MAX_SPECULATIVE_TOKENS
 from actors.verifier.options import refuse_unsupported
 
 logger = logging.getLogger(__name__)
@@ -145,7 +146,7 @@ class SpeculativeConfig(BaseModel):
     model_config = ConfigDict(extra="allow")
     method: Literal["eagle", "eagle3"]
     model: str
-    num_speculative_tokens: int = Field(ge=1, le=16)
+    num_speculative_tokens: int = Field(ge=1, le=MAX_SPECULATIVE_TOKENS)
     draft_tensor_parallel_size: int | None = Field(None, ge=1)
     max_model_len: int | None = Field(None, ge=16)
 
@@ -254,11 +255,16 @@ class DrafterConfig(_Strict):
     timeout_s: float = Field(10.0, gt=0, description="a draft call slower than this drafts nothing")
     max_ongoing_requests: int = Field(32, ge=1, description="concurrent draft calls per replica (all verifiers)")
     async_drafting: AsyncDraftingConfig = Field(default_factory=AsyncDraftingConfig)
+    max_speculative_tokens: int = Field(
+        MAX_SPECULATIVE_TOKENS, ge=1, le=MAX_SPECULATIVE_TOKENS,
+        description="the most draft tokens a verifier's step may ask for (its num_speculative_tokens); a step "
+        "asking for more drafts nothing")
 
     def for_engine(self) -> dict[str, Any]:
         """``DrafterActor``'s engine options."""
         return {"dtype": None if self.dtype == "auto" else self.dtype, "max_num_seqs": self.max_num_seqs,
-                "kv_cache_gib": self.kv_cache_gib, "idle_slot_ttl_s": self.idle_slot_ttl_s}
+                "kv_cache_gib": self.kv_cache_gib, "idle_slot_ttl_s": self.idle_slot_ttl_s,
+                "max_k": self.max_speculative_tokens}
 
     @model_validator(mode="after")
     def _one_scaling(self) -> DrafterConfig:

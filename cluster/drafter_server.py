@@ -25,8 +25,8 @@ class DrafterServer:
                    cpu_affinity: list[int] | None = None, engine: dict[str, Any] | None = None,
                    timeout_s: float = 10.0) -> None:
         """``actor_options``: the drafter actor's Ray resources (``num_cpus``, ``num_gpus``, ``resources``).
-        ``engine``: the actor's ``dtype``, ``max_num_seqs`` and ``kv_cache_gib``. ``timeout_s``: how long a
-        verifier waits for a draft call here, handed to it with ``attach`` (a drafter setting that verifiers
+        ``engine``: the actor's ``dtype``, ``max_num_seqs``, ``kv_cache_gib`` and ``max_k``. ``timeout_s``: how
+        long a verifier waits for a draft call here, handed to it with ``attach`` (a drafter setting that verifiers
         learn)."""
         from ray import serve
         from ray.util import get_current_placement_group

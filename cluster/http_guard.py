@@ -32,7 +32,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
     """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
     kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "RequestTooLarge",
-            503: "ServiceUnavailable"}
+            500: "InternalServerError", 503: "ServiceUnavailable"}
     return {"error": {"message": message, "type": kind.get(status, "Error"), "param": param, "code": status}}
 
 

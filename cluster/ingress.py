@@ -18,6 +18,15 @@ Serve builds the HTTP app per replica, after ``__init__`` (``serve.ingress()`` w
 route checks the API key (``/health`` is open, ``/metrics`` too unless ``ingress.metrics_require_api_key``), the
 body size (413) and the generation requests in flight (503 with ``Retry-After``; gRPC shares the count and answers
 ``UNAVAILABLE``); ``n`` over ``ingress.max_n`` is a 400.
+
+Errors say what happened, without internals. On HTTP, a verifier that cannot be reached (its replica died, is
+restarting, or Serve refuses more requests: ``UNREACHABLE``) is a 503; any other failure is a bug here or in the
+verifier, a 500 with a generic message, logged with its traceback. On gRPC, the verifier's HTTP status is mapped
+by ``grpc_code`` (400/401/404/429/503 -> INVALID_ARGUMENT / UNAUTHENTICATED / NOT_FOUND / RESOURCE_EXHAUSTED /
+UNAVAILABLE), an error event inside a stream included. A unary call ends with the code set on its context and an
+empty reply; a streaming call sets it and raises ``GrpcAbort``: Serve's gRPC proxy carries a streaming context's
+code only with a yielded message, so a stream that yields nothing would end OK; a raised exception with a code on
+the context becomes Serve's ``gRPCStatusError`` and the call ends with that code and details.
 """
 
 from __future__ import annotations
@@ -37,6 +46,13 @@ from cluster.http_guard import HttpGuard, error_body
 
 logger = logging.getLogger(__name__)
 
+# HTTP status -> gRPC status code name; other 4xx are INVALID_ARGUMENT, other 5xx INTERNAL.
+GRPC_CODES: dict[int, str] = {
+    400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+    413: "RESOURCE_EXHAUSTED", 429: "RESOURCE_EXHAUSTED", 501: "UNIMPLEMENTED", 503: "UNAVAILABLE",
+}
+INTERNAL_MESSAGE = "internal error (logged at the ingress)"
+
 # Fields vLLM accepts but that this deployment does not serve (they would be silently ignored or need
 # features not enabled here): refused with 400 rather than dropped.
 # min_p and logit_bias do not work with vLLM's speculative decoding (vLLM says so at start-up).
@@ -47,6 +63,75 @@ class BadRequest(Exception):
     def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
+
+
+class VerifierError(ValueError):
+    """The verifier answered an error (a whole JSON answer, or an error event inside a stream): its HTTP status
+    and message. A ``ValueError`` for the Python handle API, which raised one before."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class GrpcAbort(Exception):
+    """Raised by a streaming gRPC method after setting the code and details on its context (see the module
+    docstring): ``code`` and ``details`` are the same."""
+
+    def __init__(self, code: Any, details: str) -> None:
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
+def grpc_code(status: int) -> Any:
+    """The ``grpc.StatusCode`` for an HTTP status."""
+    import grpc
+
+    name = GRPC_CODES.get(status, "INVALID_ARGUMENT" if 400 <= status < 500 else "INTERNAL")
+    return getattr(grpc.StatusCode, name)
+
+
+def unreachable_errors() -> tuple[type[BaseException], ...]:
+    """What a handle call raises when the verifier cannot answer: its actor died or is unavailable (restarting,
+    a network split), Serve has no replica for it or refuses more requests. Anything else is a bug."""
+    from ray.exceptions import RayActorError
+    from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+
+    return (RayActorError, BackPressureError, DeploymentUnavailableError)
+
+
+def error_status(e: BaseException) -> tuple[int, str]:
+    """(HTTP status, message for the client) for an exception from a verifier call; a bug is logged with its
+    traceback and answered 500 with a generic message."""
+    if isinstance(e, VerifierError):
+        return e.status, e.message
+    if isinstance(e, unreachable_errors()):
+        logger.warning("verifier unreachable: %s", e)
+        return 503, f"verifier unavailable: {type(e).__name__}"
+    logger.error("request failed", exc_info=e)
+    return 500, INTERNAL_MESSAGE
+
+
+def stream_error(line: str) -> VerifierError | None:
+    """The error carried by one SSE line (``data: {"error": {...}}``, vLLM's streaming error), or None."""
+    if not line.startswith("data: ") or line == "data: [DONE]":
+        return None
+    try:
+        event = json.loads(line[len("data: ") :])
+    except json.JSONDecodeError:
+        return VerifierError(500, INTERNAL_MESSAGE)
+    err = event.get("error") if isinstance(event, dict) else None
+    if not isinstance(err, dict):
+        return None
+    code = err.get("code")
+    status = code if isinstance(code, int) and 400 <= code < 600 else 500
+    return VerifierError(status, str(err.get("message") or "error"))
+
+
+def _error_message(body: Any) -> str:
+    """The message of an OpenAI error body (``{"error": {"message": ...}}``), or a generic one."""
+    err = body.get("error") if isinstance(body, dict) else None
+    return str(err.get("message")) if isinstance(err, dict) and err.get("message") else INTERNAL_MESSAGE
 
 
 def parse_request(raw: bytes, model_cls: type, max_n: int | None = None) -> Any:
@@ -132,10 +217,9 @@ class Ingress:
             try:
                 async for _, chunk in gen:
                     yield chunk
-            except Exception as e:  # the verifier died mid-stream: end the stream with an error event, at once
-                logger.warning("verifier failed mid-stream: %s", e)
-                body = error_body(503, f"verifier unavailable: {type(e).__name__}")
-                yield f"data: {json.dumps(body)}\n\n"
+            except Exception as e:  # the verifier died or failed mid-stream: an error event, at once
+                status, message = error_status(e)
+                yield f"data: {json.dumps(error_body(status, message))}\n\n"
                 yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
@@ -151,9 +235,9 @@ class Ingress:
         gen = getattr(self.verifier.options(stream=True), method).remote(req)
         try:
             return await self._relay(gen)
-        except Exception as e:  # the verifier died or is restarting
-            logger.warning("verifier call failed: %s", e)
-            return JSONResponse(error_body(503, f"verifier unavailable: {type(e).__name__}"), status_code=503)
+        except Exception as e:  # the verifier died or is restarting (503), or a bug (500)
+            status, message = error_status(e)
+            return JSONResponse(error_body(status, message), status_code=status)
 
     async def http_completions(self, request: Request) -> Response:
         from vllm.entrypoints.openai.completion.protocol import CompletionRequest
@@ -166,17 +250,31 @@ class Ingress:
         return await self._openai(request, ChatCompletionRequest, "chat")
 
     async def http_models(self) -> Response:
-        return JSONResponse(await self.verifier.models.remote())
+        try:
+            return JSONResponse(await self.verifier.models.remote())
+        except Exception as e:
+            status, message = error_status(e)
+            return JSONResponse(error_body(status, message), status_code=status)
 
     async def http_health(self) -> Response:
+        """200, or 503 with a reason that names no internals (``/health`` is open): the verifier is unreachable,
+        or it answered that its engine is not healthy (logged here)."""
         try:
             await self.verifier.check_health.remote()
         except Exception as e:
-            return JSONResponse({"status": "unhealthy", "reason": str(e)[:200]}, status_code=503)
+            unreachable = isinstance(e, unreachable_errors())
+            logger.warning("health check failed: %s", e)
+            reason = f"verifier unavailable: {type(e).__name__}" if unreachable else "verifier unhealthy"
+            return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     async def http_metrics(self) -> Response:
-        return PlainTextResponse(await self.verifier.metrics.remote(), media_type="text/plain; version=0.0.4")
+        try:
+            text = await self.verifier.metrics.remote()
+        except Exception as e:
+            status, message = error_status(e)
+            return JSONResponse(error_body(status, message), status_code=status)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     # --- Python handle calls ----------------------------------------------------------------------------------
     async def generate(self, prompt: str, **sampling: Any) -> dict[str, Any]:
@@ -184,7 +282,7 @@ class Ingress:
         req = completion_request(prompt, sampling, stream=False)
         async for _kind, payload in self.verifier.options(stream=True).completions.remote(req):
             if payload["status"] != 200:
-                raise ValueError(payload["body"]["error"]["message"])
+                raise VerifierError(payload["status"], _error_message(payload["body"]))
             return payload["body"]
         raise RuntimeError("empty response from the verifier")
 
@@ -193,10 +291,12 @@ class Ingress:
         req = completion_request(prompt, sampling, stream=True)
         async for kind, payload in self.verifier.options(stream=True).completions.remote(req):
             if kind == "json":
-                raise ValueError(payload["body"]["error"]["message"])
+                raise VerifierError(payload["status"], _error_message(payload["body"]))
             for line in payload.splitlines():
+                if (err := stream_error(line)) is not None:
+                    raise err
                 if line.startswith("data: ") and line != "data: [DONE]":
-                    choices = json.loads(line[len("data: ") :])["choices"]
+                    choices = json.loads(line[len("data: ") :]).get("choices")
                     if choices:
                         yield choices[0].get("text") or "", choices[0].get("finish_reason") or ""
 
@@ -208,15 +308,10 @@ class Ingress:
 
     # --- gRPC (method names are the RPC names) ----------------------------------------------------------------
     def _grpc_request(self, request, grpc_context) -> dict[str, Any]:
-        import grpc
-
+        """The sampling arguments of a gRPC request, or ``BadRequest`` (501: gRPC off, 401: the key, 400)."""
         if not self.grpc_enabled:  # Serve's gRPC proxy is up for another app, or grpc_options went unnoticed
-            grpc_context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-            grpc_context.set_details("gRPC is not enabled for this application (ingress.grpc.enabled)")
-            raise BadRequest(501, "gRPC is not enabled")
+            raise BadRequest(501, "gRPC is not enabled for this application (ingress.grpc.enabled)")
         if not self.api_key.accepts(dict(grpc_context.invocation_metadata()).get("authorization")):
-            grpc_context.set_code(grpc.StatusCode.UNAUTHENTICATED)
-            grpc_context.set_details("missing or wrong API key")
             raise BadRequest(401, "missing or wrong API key")
         sampling: dict[str, Any] = {"max_tokens": request.max_tokens or 16, "temperature": request.temperature}
         if request.top_p:
@@ -226,29 +321,32 @@ class Ingress:
         if request.stop:
             sampling["stop"] = list(request.stop)
         if not request.prompt:
-            grpc_context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
-            grpc_context.set_details("prompt: must not be empty")
-            raise BadRequest(400, "prompt: must not be empty")
+            raise BadRequest(400, "prompt: must not be empty", "prompt")
         return sampling
 
-    async def Generate(self, request, grpc_context):  # noqa: N802 - the RPC's name
-        import grpc
+    @staticmethod
+    def _grpc_fail(grpc_context, e: Exception) -> GrpcAbort:
+        """Sets the code and details for ``e`` on the context; the ``GrpcAbort`` a streaming call raises."""
+        if isinstance(e, BadRequest):
+            status, message = e.status, e.message
+        elif isinstance(e, Overloaded):
+            status, message = 503, str(e)
+        else:
+            status, message = error_status(e)
+        code = grpc_code(status)
+        grpc_context.set_code(code)
+        grpc_context.set_details(message)
+        return GrpcAbort(code, message)
 
+    async def Generate(self, request, grpc_context):  # noqa: N802 - the RPC's name
         from cluster.proto import eagle_cluster_pb2 as pb
 
         try:
             sampling = self._grpc_request(request, grpc_context)
             with self.inflight.admit():
                 out = await self.generate(request.prompt, **sampling)
-        except BadRequest:
-            return pb.GenerateReply()
-        except Overloaded as e:
-            grpc_context.set_code(grpc.StatusCode.UNAVAILABLE)
-            grpc_context.set_details(str(e))
-            return pb.GenerateReply()
-        except ValueError as e:
-            grpc_context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
-            grpc_context.set_details(str(e))
+        except Exception as e:  # the code set on the context travels with the (empty) reply
+            self._grpc_fail(grpc_context, e)
             return pb.GenerateReply()
         choice = out["choices"][0]
         usage = out.get("usage") or {}
@@ -258,8 +356,8 @@ class Ingress:
         )
 
     async def GenerateStream(self, request, grpc_context):  # noqa: N802 - the RPC's name
-        import grpc
-
+        """Yields the new text; a failure, before the first piece or after some, sets the code on the context
+        and raises ``GrpcAbort`` so that the call ends with that code (see the module docstring)."""
         from cluster.proto import eagle_cluster_pb2 as pb
 
         try:
@@ -268,11 +366,5 @@ class Ingress:
                 async for text, finish in self._stream(request.prompt, sampling):
                     if text or finish:
                         yield pb.GenerateReply(text=text, finish_reason=finish)
-        except BadRequest:
-            return
-        except Overloaded as e:
-            grpc_context.set_code(grpc.StatusCode.UNAVAILABLE)
-            grpc_context.set_details(str(e))
-        except ValueError as e:
-            grpc_context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
-            grpc_context.set_details(str(e))
+        except Exception as e:
+            raise self._grpc_fail(grpc_context, e) from None

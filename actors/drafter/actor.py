@@ -5,7 +5,8 @@ verifier can send a step and not wait for it: everything it sends later is handl
 
 - ``propose(step_bytes, hidden)``: answer a ``DraftStep``; ``hidden`` arrives as a numpy array (Ray inlines a
   small one into the call, and passes a large one through the object store). Errors come back as a ``FAILED``
-  result, so the verifier carries on without drafts.
+  result, so the verifier carries on without drafts: a malformed or out-of-bounds step (``BadStep``, from
+  unpacking or validation) with the reason, anything else with a short traceback.
 - ``branches(req_ids)``: with asynchronous drafting, the engine's ``after_step`` (fold the step's real hidden
   states, draft the next step's branches), answered with a ``BranchTable`` of those sequences. The verifier
   calls it right after each ``propose`` without waiting, and keeps the reply's object ref for its next step.
@@ -29,10 +30,27 @@ from actors.eagle.checkpoint import SHARED_TENSOR_NAMES
 from actors.eagle.compat import check_head_fits_target, target_text_config
 from actors.eagle.hub import HEAD_FILES, resolve_model_dir, resolve_target_dir
 from actors.eagle.spec import load_head_spec
-from actors.messages import BranchTable, DraftResult, DraftStatus, DraftStep
+from actors.messages import (
+    MAX_SPECULATIVE_TOKENS,
+    BadStep,
+    BranchTable,
+    DraftResult,
+    DraftStatus,
+    DraftStep,
+)
 from actors.timing import ms_since
 
 logger = logging.getLogger(__name__)
+
+
+def req_id_list(value: object) -> list[str]:
+    """The sequence ids of a ``branches`` / ``free`` call: a list of strings; anything else in it is dropped
+    (logged), so that a malformed call answers for the ids it holds instead of raising."""
+    ids = value if isinstance(value, list | tuple) else []
+    out = [r for r in ids if isinstance(r, str)]
+    if len(out) != len(ids) or ids is not value:
+        logger.warning("drafter: sequence ids must be a list of strings, got %s", type(value).__name__)
+    return out
 
 
 class DrafterActor:
@@ -41,8 +59,9 @@ class DrafterActor:
                  branches: BranchConfig | dict[str, Any] | None = None,
                  cpu_affinity: list[int] | None = None, device: str | None = None, dtype: str | None = None,
                  max_num_seqs: int = 1024, kv_cache_gib: float | None = None,
-                 idle_slot_ttl_s: float | None = 300.0) -> None:
-        """``cpu_affinity``: bind this process to these cores (a drafter with cores of its own).
+                 idle_slot_ttl_s: float | None = 300.0, max_k: int = MAX_SPECULATIVE_TOKENS) -> None:
+        """``max_k``: the most draft tokens a step may ask for (more: a ``FAILED`` answer).
+        ``cpu_affinity``: bind this process to these cores (a drafter with cores of its own).
         ``max_num_seqs`` / ``kv_cache_gib``: the most sequences the draft KV cache holds, and its memory cap;
         sequences past either get no drafts (``DraftResult.full_rows``), never an error. ``idle_slot_ttl_s``: a
         sequence not stepped for this long loses its slot (``DrafterEngine``; ``None``: never).
@@ -67,7 +86,8 @@ class DrafterActor:
         self.engine = DrafterEngine.from_checkpoint(head_dir, target_dir, max_model_len=max_model_len,
                                                     branches=branches, device=self.placement.device,
                                                     dtype=self.placement.dtype, max_num_seqs=max_num_seqs,
-                                                    kv_cache_gib=kv_cache_gib, idle_slot_ttl_s=idle_slot_ttl_s)
+                                                    kv_cache_gib=kv_cache_gib, idle_slot_ttl_s=idle_slot_ttl_s,
+                                                    max_k=max_k)
         self.head_dir = head_dir
         self.drafter_id = drafter_id  # answered with every result, so a pool's client knows who drafted
         self.steps = 0
@@ -83,13 +103,19 @@ class DrafterActor:
         return {"drafter_id": self.drafter_id, "drafts_branches": self.engine.branch_config is not None}
 
     def propose(self, step_bytes: bytes, hidden: np.ndarray) -> bytes:
+        step_id = -1
         try:
             step = DraftStep.unpack(step_bytes)
+            step_id = step.step_id
             result = self.engine.propose(step, hidden)
+        except BadStep as e:  # the sender's fault: the reason, no traceback
+            self.failures += 1
+            logger.warning("drafter refused a step: %s", e)
+            result = DraftResult(step_id, DraftStatus.FAILED, np.zeros((0, 0), np.int32), error=str(e))
         except Exception as e:
             self.failures += 1
             logger.warning("drafter step failed: %s", e)
-            result = DraftResult(-1, DraftStatus.FAILED, np.zeros((0, 0), np.int32),
+            result = DraftResult(step_id, DraftStatus.FAILED, np.zeros((0, 0), np.int32),
                                  error=traceback.format_exc(limit=3))
         self.steps += 1
         self.cold_sequences += result.cold_sequences
@@ -105,6 +131,7 @@ class DrafterActor:
         """Fold the last step and draft the next step's branches; the entries of ``req_ids`` (the caller's
         sequences). Asked by sequence, not "the last step's", because another verifier's step may have come in
         between (the engine then drafted this caller's branches before it, and keeps them by sequence)."""
+        req_ids = req_id_list(req_ids)
         start = time.perf_counter()
         try:
             self.engine.after_step()
@@ -116,7 +143,7 @@ class DrafterActor:
         return BranchTable(entries, self.engine.num_active_sequences, ms).pack()
 
     def free(self, req_ids: list[str]) -> int:
-        self.engine.free(req_ids)
+        self.engine.free(req_id_list(req_ids))
         return self.engine.num_active_sequences
 
     def probe(self) -> tuple[int, int]:

@@ -37,7 +37,14 @@ from actors.drafter.branches import BranchAttention, BranchConfig, BranchEntry, 
 from actors.drafter.kv_cache import DraftKVCache, device_budget_gib
 from actors.eagle.heads import DraftHead
 from actors.eagle.layers import sdpa_attend
-from actors.messages import DraftResult, DraftStatus, DraftStep, SeqRole
+from actors.messages import (
+    MAX_SPECULATIVE_TOKENS,
+    BadStep,
+    DraftResult,
+    DraftStatus,
+    DraftStep,
+    SeqRole,
+)
 from actors.timing import ms_since
 
 
@@ -177,6 +184,7 @@ class DrafterEngine:
         kv_cache_free_fraction: float = 0.6,
         idle_slot_ttl_s: float | None = 300.0,
         clock: Callable[[], float] = time.monotonic,
+        max_k: int = MAX_SPECULATIVE_TOKENS,
     ) -> None:
         """``branches``: asynchronous drafting (``actors.drafter.branches``); ``after_step`` then does the
         off-critical-path work of each step, and must run before the next ``propose``.
@@ -190,13 +198,16 @@ class DrafterEngine:
 
         ``idle_slot_ttl_s``: a sequence not stepped for this long (by ``clock``) loses its slot, checked at each
         step (``evicted`` counts them; ``None``: never): a sequence whose verifier died, or whose free never came,
-        would otherwise hold it for good and count as load. One that comes back later is drafted as re-homed."""
+        would otherwise hold it for good and count as load. One that comes back later is drafted as re-homed.
+
+        ``max_k``: the most draft tokens a step may ask for; a step asking for more is refused (``BadStep``)."""
         self.dtype = dtype or head.embed_tokens.weight.dtype
         self.head = head.cast(self.dtype).to(device).eval().fuse()
         self.device = device
         spec = head.spec
         self.spec = spec
         self.max_model_len = max_model_len
+        self.max_k = max_k
         slot_bytes = DraftKVCache.bytes_per_slot(spec.num_layers, spec.num_kv_heads, spec.head_dim,
                                                  max_model_len + 1, self.dtype)
         if kv_cache_gib is None:
@@ -400,7 +411,12 @@ class DrafterEngine:
     ) -> Proposal:
         """Drafts for every sequence of the step. With branches: sequences whose outcome was precomputed are
         answered at once (hits), ``SeqRole.CONTEXT`` sequences get no drafts, the rest are drafted now, and
-        ``after_step`` is left to do the rest (``precompute``)."""
+        ``after_step`` is left to do the rest (``precompute``). A step that does not hold up (``DraftStep.validate``)
+        raises ``BadStep`` before anything changes here."""
+        if hidden.ndim != 2:
+            raise BadStep(f"draft step: hidden must be [rows, width], got {list(hidden.shape)}")
+        step.validate(hidden.shape[0], hidden.shape[1], self.spec.fused_hidden_size, self.spec.vocab_size,
+                      self.max_k)
         if self._pending is not None:
             self.after_step()
         self.free(step.finished)
@@ -409,7 +425,6 @@ class DrafterEngine:
         num_seqs = len(step.seqs)
         if num_seqs == 0:
             return Proposal(torch.zeros(0, k, dtype=torch.long))
-        step.validate(hidden.shape[0], hidden.shape[1], self.spec.fused_hidden_size, self.spec.vocab_size)
         full = self.no_room(step)
         if full:
             return self._propose_with_room(step, hidden, full, precompute)
@@ -473,7 +488,10 @@ class DrafterEngine:
         return self._branches(chains, p.k)
 
     def propose(self, step: DraftStep, hidden: np.ndarray, precompute: bool = True) -> DraftResult:
+        """``propose_tensors`` for a step and its hidden states as they came over the wire (checked first:
+        ``DraftStep.check_hidden``)."""
         start = time.perf_counter()
+        step.check_hidden(hidden)
         with warnings.catch_warnings():  # a read-only view of the object store: we never write to it
             warnings.simplefilter("ignore", UserWarning)
             h = torch.from_numpy(hidden)

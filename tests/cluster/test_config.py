@@ -207,11 +207,14 @@ def test_drafter_engine_options():
 
     from actors.drafter.actor import DrafterActor
 
-    assert _pool().for_engine() == {"dtype": None, "max_num_seqs": 1024, "kv_cache_gib": None, "idle_slot_ttl_s": 300}
-    opts = _pool(dtype="bfloat16", max_num_seqs=64, kv_cache_gib=2.5, idle_slot_ttl_s=None).for_engine()
-    assert opts == {"dtype": "bfloat16", "max_num_seqs": 64, "kv_cache_gib": 2.5, "idle_slot_ttl_s": None}
+    assert _pool().for_engine() == {"dtype": None, "max_num_seqs": 1024, "kv_cache_gib": None, "idle_slot_ttl_s": 300,
+                                    "max_k": 16}
+    opts = _pool(dtype="bfloat16", max_num_seqs=64, kv_cache_gib=2.5, idle_slot_ttl_s=None,
+                 max_speculative_tokens=4).for_engine()
+    assert opts == {"dtype": "bfloat16", "max_num_seqs": 64, "kv_cache_gib": 2.5, "idle_slot_ttl_s": None, "max_k": 4}
     assert set(opts) <= set(inspect.signature(DrafterActor).parameters)
-    for bad in ({"dtype": "int8"}, {"max_num_seqs": 0}, {"kv_cache_gib": 0}, {"idle_slot_ttl_s": 0}):
+    for bad in ({"dtype": "int8"}, {"max_num_seqs": 0}, {"kv_cache_gib": 0}, {"idle_slot_ttl_s": 0},
+                {"max_speculative_tokens": 17}):
         assert next(iter(bad)) in _pool_error(**bad)
 
 

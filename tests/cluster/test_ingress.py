@@ -10,7 +10,7 @@ import json
 import pytest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-from cluster.ingress import BadRequest, Ingress, parse_request
+from cluster.ingress import INTERNAL_MESSAGE, BadRequest, GrpcAbort, Ingress, grpc_code, parse_request
 from tests.conftest import EAGLE3, TARGET
 
 CFG = {
@@ -142,7 +142,8 @@ def test_grpc_off_unless_the_config_turns_it_on():
     reply = asyncio.run(ingress.Generate(pb.GenerateRequest(prompt="x"), ctx))
     assert ctx.code == grpc.StatusCode.UNIMPLEMENTED and "ingress.grpc.enabled" in ctx.details and reply.text == ""
     ctx = _GrpcContext([])
-    assert asyncio.run(_drain(ingress.GenerateStream(pb.GenerateRequest(prompt="x"), ctx))) == []
+    with pytest.raises(GrpcAbort):
+        asyncio.run(_drain(ingress.GenerateStream(pb.GenerateRequest(prompt="x"), ctx)))
     assert ctx.code == grpc.StatusCode.UNIMPLEMENTED
 
 
@@ -264,7 +265,8 @@ def test_grpc_shares_the_inflight_limit():
         asyncio.run(ingress.Generate(pb.GenerateRequest(prompt="x"), ctx))
         assert ctx.code == grpc.StatusCode.UNAVAILABLE and "in flight" in ctx.details
         ctx = _GrpcContext([])
-        assert asyncio.run(_drain(ingress.GenerateStream(pb.GenerateRequest(prompt="x"), ctx))) == []
+        with pytest.raises(GrpcAbort):
+            asyncio.run(_drain(ingress.GenerateStream(pb.GenerateRequest(prompt="x"), ctx)))
         assert ctx.code == grpc.StatusCode.UNAVAILABLE
     assert ingress.inflight.inflight == 0
 
@@ -278,3 +280,248 @@ def test_a_failing_request_gives_its_slot_back():
     with limit.admit(), pytest.raises(Overloaded), limit.admit():
         pass
     assert limit.inflight == 0
+
+
+# --- errors that say what happened ----------------------------------------------------------------------------
+OPEN_GRPC = {"grpc": {"enabled": True, "allow_unauthenticated": True}}
+
+
+class ScriptedVerifier(FakeVerifier):
+    """Completions answer ``items`` (``("json"|"sse", payload)``), then raise ``error`` if given."""
+
+    def __init__(self, items=(), error: BaseException | None = None) -> None:
+        super().__init__()
+        self.items, self.error = list(items), error
+
+    async def _completions(self, req):
+        self.calls += 1
+        for item in self.items:
+            yield item
+        if self.error is not None:
+            raise self.error
+
+
+def _error_json(status: int, message: str):
+    return "json", {"status": status, "body": {"error": {"message": message, "type": "X", "code": status}}}
+
+
+def _sse(text: str) -> tuple[str, str]:
+    return "sse", f"data: {json.dumps({'choices': [{'index': 0, 'text': text, 'finish_reason': None}]})}\n\n"
+
+
+def _run_grpc(ingress, request, stream: bool):
+    """(replies, context, the GrpcAbort raised or None)."""
+    ctx = _GrpcContext([])
+    if not stream:
+        return [asyncio.run(ingress.Generate(request, ctx))], ctx, None
+    replies: list = []
+
+    async def drain() -> None:
+        async for reply in ingress.GenerateStream(request, ctx):
+            replies.append(reply)
+
+    try:
+        asyncio.run(drain())
+    except GrpcAbort as e:
+        return replies, ctx, e
+    return replies, ctx, None
+
+
+CODES = [(400, "INVALID_ARGUMENT"), (401, "UNAUTHENTICATED"), (404, "NOT_FOUND"), (429, "RESOURCE_EXHAUSTED"),
+         (503, "UNAVAILABLE"), (413, "RESOURCE_EXHAUSTED"), (422, "INVALID_ARGUMENT"), (500, "INTERNAL"),
+         (502, "INTERNAL")]
+
+
+@pytest.mark.parametrize(("status", "name"), CODES)
+def test_grpc_code_for_each_http_status(status, name):
+    import grpc
+
+    assert grpc_code(status) == getattr(grpc.StatusCode, name)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("status", "name"), CODES[:5])
+def test_grpc_relays_the_verifiers_status(stream, status, name):
+    """Was: every non-200 an INVALID_ARGUMENT (unary), a normal empty stream (streaming)."""
+    import grpc
+
+    from cluster.proto import eagle_cluster_pb2 as pb
+
+    ingress = _ingress(ScriptedVerifier([_error_json(status, "max_tokens: too many for this model")]), **OPEN_GRPC)
+    replies, ctx, abort = _run_grpc(ingress, pb.GenerateRequest(prompt="x", max_tokens=5), stream)
+    assert ctx.code == getattr(grpc.StatusCode, name) and ctx.details == "max_tokens: too many for this model"
+    assert (abort is not None) == stream and replies in ([], [pb.GenerateReply()])
+
+
+def test_grpc_stream_with_bad_input_ends_invalid_argument():
+    """An empty prompt and max_tokens 4000000000: was a normal empty stream with status OK."""
+    import grpc
+
+    from cluster.proto import eagle_cluster_pb2 as pb
+
+    verifier = FakeVerifier()
+    ingress = _ingress(verifier, **OPEN_GRPC)
+    replies, ctx, abort = _run_grpc(ingress, pb.GenerateRequest(prompt="", max_tokens=4000000000), stream=True)
+    assert replies == [] and abort is not None and verifier.calls == 0
+    assert ctx.code == grpc.StatusCode.INVALID_ARGUMENT and "prompt" in ctx.details
+    assert abort.code == ctx.code and abort.details == ctx.details
+
+
+def test_grpc_stream_status_reaches_the_client_through_serves_replica_path():
+    """What Serve 2.60 does with a streaming method's exception (``Replica._maybe_wrap_grpc_exception`` on the
+    ``RayServegRPCContext`` the method was given, then the proxy's ``get_grpc_response_status``), run on the
+    servicer without Ray: the call ends with the code and reason the method set."""
+    import grpc
+    from ray.serve._private.grpc_util import get_grpc_response_status
+    from ray.serve._private.replica import Replica
+    from ray.serve.grpc_util import RayServegRPCContext
+
+    from cluster.proto import eagle_cluster_pb2 as pb
+
+    class RawContext:  # the grpc.aio context Serve's proxy copies into a RayServegRPCContext
+        def invocation_metadata(self):
+            return ()
+
+        def auth_context(self):
+            return {}
+
+        def code(self):
+            return None
+
+        def details(self):
+            return None
+
+        def peer(self):
+            return "ipv4:127.0.0.1:1"
+
+        def peer_identities(self):
+            return None
+
+        def peer_identity_key(self):
+            return None
+
+        def trailing_metadata(self):
+            return ()
+
+    class Metadata:
+        is_grpc_request = True
+
+        def __init__(self, ctx) -> None:
+            self.grpc_context = ctx
+
+    ingress = _ingress(FakeVerifier(), **OPEN_GRPC)
+    serve_ctx = RayServegRPCContext(RawContext())
+
+    async def drain() -> None:
+        async for _ in ingress.GenerateStream(pb.GenerateRequest(prompt="", max_tokens=4000000000), serve_ctx):
+            pass
+
+    with pytest.raises(GrpcAbort) as e:
+        asyncio.run(drain())
+    wrapped = Replica._maybe_wrap_grpc_exception(None, e.value, Metadata(serve_ctx))
+    status = get_grpc_response_status(wrapped, 30.0, "req-1")
+    assert status.code == grpc.StatusCode.INVALID_ARGUMENT and status.is_error and "prompt" in status.message
+
+
+def test_grpc_error_event_inside_a_stream():
+    """vLLM's streaming error (``data: {"error": ...}``) after a first piece: was a KeyError (INTERNAL, with a
+    remote traceback); now the piece, then the event's status and message."""
+    import grpc
+
+    from cluster.proto import eagle_cluster_pb2 as pb
+
+    event = json.dumps({"error": {"message": "prompt too long", "type": "BadRequestError", "code": 400}})
+    verifier = ScriptedVerifier([_sse("def"), ("sse", f"data: {event}\n\n"), _sse("never")])
+    replies, ctx, abort = _run_grpc(_ingress(verifier, **OPEN_GRPC), pb.GenerateRequest(prompt="x"), stream=True)
+    assert [r.text for r in replies] == ["def"] and abort is not None
+    assert ctx.code == grpc.StatusCode.INVALID_ARGUMENT and ctx.details == "prompt too long"
+    event = json.dumps({"error": {"message": "Internal server error", "type": "InternalServerError", "code": 500}})
+    verifier = ScriptedVerifier([("sse", f"data: {event}\n\n")])
+    _, ctx, abort = _run_grpc(_ingress(verifier, **OPEN_GRPC), pb.GenerateRequest(prompt="x"), stream=True)
+    assert ctx.code == grpc.StatusCode.INTERNAL and abort is not None
+
+
+def _dead() -> list[BaseException]:
+    from ray.exceptions import ActorDiedError, ActorUnavailableError
+    from ray.serve.exceptions import BackPressureError
+
+    return [ActorDiedError(), ActorUnavailableError("restarting", None), BackPressureError(8, 8)]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_grpc_dead_verifier_is_unavailable_a_bug_is_internal_without_internals(stream):
+    import grpc
+
+    from cluster.proto import eagle_cluster_pb2 as pb
+
+    for error in _dead():
+        ingress = _ingress(ScriptedVerifier(error=error), **OPEN_GRPC)
+        _, ctx, _ = _run_grpc(ingress, pb.GenerateRequest(prompt="x"), stream)
+        assert ctx.code == grpc.StatusCode.UNAVAILABLE and "verifier unavailable" in ctx.details
+    ingress = _ingress(ScriptedVerifier(error=KeyError("secret_internal_name")), **OPEN_GRPC)
+    _, ctx, _ = _run_grpc(ingress, pb.GenerateRequest(prompt="x"), stream)
+    assert ctx.code == grpc.StatusCode.INTERNAL and ctx.details == INTERNAL_MESSAGE
+
+
+def test_http_dead_verifier_is_503_a_bug_is_500(caplog):
+    """Was: any exception a 503 'verifier unavailable'."""
+    from starlette.testclient import TestClient
+
+    for error in _dead():
+        http = TestClient(_ingress(ScriptedVerifier(error=error)).__serve_build_asgi_app__())
+        r = http.post("/v1/completions", json=COMPLETION)
+        assert r.status_code == 503 and "verifier unavailable" in r.json()["error"]["message"]
+    http = TestClient(_ingress(ScriptedVerifier(error=KeyError("secret_internal_name"))).__serve_build_asgi_app__())
+    with caplog.at_level("ERROR", logger="cluster.ingress"):
+        r = http.post("/v1/completions", json=COMPLETION)
+    assert r.status_code == 500 and r.json()["error"]["message"] == INTERNAL_MESSAGE
+    assert "secret_internal_name" not in r.text
+    assert any(rec.exc_info and "secret_internal_name" in str(rec.exc_info[1]) for rec in caplog.records)
+
+
+def test_http_stream_failure_mid_stream_says_which():
+    from starlette.testclient import TestClient
+
+    for error, status in [(_dead()[0], 503), (RuntimeError("secret_internal_name"), 500)]:
+        http = TestClient(_ingress(ScriptedVerifier([_sse("a")], error=error)).__serve_build_asgi_app__())
+        r = http.post("/v1/completions", json={**COMPLETION, "stream": True})
+        events = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
+        assert r.status_code == 200 and events[-1] == "[DONE]" and "secret_internal_name" not in r.text
+        assert json.loads(events[0])["choices"][0]["text"] == "a"
+        assert json.loads(events[-2])["error"]["code"] == status
+
+
+class BrokenVerifier(FakeVerifier):
+    """Every call raises ``error`` (as a handle call does when the verifier is gone, or when it failed)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__()
+        self.error = error
+
+    async def _raise(self, *_):
+        raise self.error
+
+    completions = property(lambda self: _Call(self._raise_gen))
+    chat = completions
+    models = property(lambda self: _Call(self._raise))
+    check_health = property(lambda self: _Call(self._raise))
+    metrics = property(lambda self: _Call(self._raise))
+
+    async def _raise_gen(self, *_):
+        raise self.error
+        yield  # an async generator, as the verifier's completions
+
+
+def test_models_metrics_health_say_which_without_internals():
+    from starlette.testclient import TestClient
+
+    for error, status in [(_dead()[0], 503), (RuntimeError("secret_internal_name"), 500)]:
+        http = TestClient(_ingress(BrokenVerifier(error)).__serve_build_asgi_app__())
+        for path in ("/v1/models", "/metrics"):
+            r = http.get(path)
+            assert r.status_code == status and "secret_internal_name" not in r.text
+            assert r.json()["error"]["code"] == status
+        r = http.get("/health")
+        assert r.status_code == 503 and "secret_internal_name" not in r.text
+        assert r.json()["reason"] == ("verifier unavailable: ActorDiedError" if status == 503 else "verifier unhealthy")
+        assert http.post("/v1/completions", json=COMPLETION).status_code == status

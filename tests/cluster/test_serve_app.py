@@ -137,6 +137,27 @@ def test_grpc_generate_and_stream(server):
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def test_grpc_stream_errors_end_with_their_status(server):
+    """A streaming call with bad input ends INVALID_ARGUMENT with the reason, as the unary call does (was: a normal,
+    empty stream with status OK: the code set on the context never reached the client through Serve's proxy)."""
+    import grpc
+
+    from cluster.proto import eagle_cluster_pb2 as pb
+    from cluster.proto import eagle_cluster_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(GRPC) as channel:
+        stub = pb_grpc.EagleClusterStub(channel)
+        meta = (("application", "eagle-cluster"),)
+        for request, reason in [(pb.GenerateRequest(prompt="", max_tokens=4000000000), "prompt"),
+                                (pb.GenerateRequest(prompt="x", max_tokens=100000), "")]:
+            with pytest.raises(grpc.RpcError) as e:
+                list(stub.GenerateStream(request, metadata=meta))
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and reason in e.value.details()
+            assert "Traceback" not in e.value.details()
+        pieces = list(stub.GenerateStream(pb.GenerateRequest(prompt="x = ", max_tokens=4), metadata=meta))
+        assert pieces and pieces[-1].finish_reason == "length"
+
+
 def test_python_handle_snippet_from_readme(server):
     """Runs the README's handle snippet in a fresh interpreter connected to the running cluster."""
     readme = (ROOT / "README.md").read_text()
