@@ -82,6 +82,11 @@ class GrpcAbort(Exception):
         super().__init__(details)
         self.code, self.details = code, details
 
+    def __reduce__(self) -> tuple[type, tuple[Any, str]]:
+        # Serve pickles it (inside its gRPCStatusError) from the replica to the proxy; Exception's own reduce
+        # would call GrpcAbort(details) there and fail ("Failed to deserialize", ending the call INTERNAL).
+        return GrpcAbort, (self.code, self.details)
+
 
 def grpc_code(status: int) -> Any:
     """The ``grpc.StatusCode`` for an HTTP status."""

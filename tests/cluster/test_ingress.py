@@ -525,3 +525,20 @@ def test_models_metrics_health_say_which_without_internals():
         assert r.status_code == 503 and "secret_internal_name" not in r.text
         assert r.json()["reason"] == ("verifier unavailable: ActorDiedError" if status == 503 else "verifier unhealthy")
         assert http.post("/v1/completions", json=COMPLETION).status_code == status
+
+
+def test_grpc_abort_survives_the_trip_to_the_proxy():
+    """Serve pickles the exception a streaming method raises (in its ``gRPCStatusError``) from the replica to the
+    proxy, which ends the call with its code; one that does not unpickle ends it INTERNAL instead."""
+    import pickle
+
+    import grpc
+    from ray.serve.exceptions import gRPCStatusError
+
+    from cluster.ingress import GrpcAbort
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    abort = pickle.loads(pickle.dumps(GrpcAbort(code, "prompt: empty")))
+    assert (abort.code, abort.details, str(abort)) == (code, "prompt: empty", "prompt: empty")
+    wrapped = pickle.loads(pickle.dumps(gRPCStatusError(abort, code, "prompt: empty")))
+    assert (wrapped._grpc_code, wrapped._grpc_details) == (code, "prompt: empty")
