@@ -49,8 +49,9 @@ class ServeDraftClient(DraftClient):
         return call.result(timeout_s=timeout_s or self.timeout_s)
 
     def _learn(self, drafter_id: str, actor: Any, info: dict[str, Any]) -> bool:
-        """Add a drafter; True if it was new (then there may be more: ask again at once)."""
-        new = drafter_id not in self.links
+        """Add a drafter; True if it was new (then there may be more: ask again at once). One the client dropped
+        stays out until its health probe answers (``Quarantine``), whatever the router says."""
+        new = drafter_id not in self.links and drafter_id not in self.quarantine
         self._add_link(drafter_id, actor, info)
         self.timeout_s = float(info.get("timeout_s", self.timeout_s))  # the pool's setting, redeployed with it
         return new
@@ -73,6 +74,8 @@ class ServeDraftClient(DraftClient):
                     logger.warning("no drafter replica answered (%s)", e)
                     self._next_blocking = now + BLOCKING_BACKOFF_S
                     break
+            if not self.links:  # every replica named is out of use: not again before the next discovery
+                self._next_blocking = now + self.discover_period_s
             self._next_discovery = now + self.discover_period_s
         elif self._attaching is None and now >= self._next_discovery:
             self._next_discovery = now + self.discover_period_s

@@ -31,7 +31,7 @@ def vllm_cli_args(model: str, served_model_name: str) -> Any:
 
 
 def pool_metrics_text(stats: dict[str, Any]) -> str:
-    """Prometheus counters from ``spec_stats``: the drafter pool as this verifier sees it."""
+    """Prometheus metrics from the workers' ``eagle_cluster_counters``: the drafter pool as this verifier sees it."""
     counters = [
         ("eagle_cluster_draft_steps_total", "draft steps sent to the drafter pool", {"": stats["steps"]}),
         ("eagle_cluster_draft_failures_total", "draft steps with a failed drafter (placeholders proposed)",
@@ -43,6 +43,10 @@ def pool_metrics_text(stats: dict[str, Any]) -> str:
         ("eagle_cluster_branch_hits_total", "sequences answered from precomputed drafts (async drafting)",
          {"": stats.get("branch_hits", 0)}),
     ]
+    client = stats.get("client", {})
+    gauges = [("eagle_cluster_drafters", "drafter replicas this verifier uses", client.get("drafters", 0)),
+              ("eagle_cluster_quarantined_drafters", "drafters dropped for failing or timing out, waiting for a "
+               "health probe to answer", client.get("quarantined", 0))]
     by_source = stats.get("acceptance_by_source", {})
     for name, key, help_text in (("drafts", "num_drafts", "verified draft runs"),
                                  ("accepted_tokens", "num_accepted_tokens", "accepted draft tokens")):
@@ -52,6 +56,8 @@ def pool_metrics_text(stats: dict[str, Any]) -> str:
     for name, help_text, values in counters:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
         lines += [f"{name}{labels} {value}" for labels, value in values.items()]
+    for name, help_text, value in gauges:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value}"]
     return "\n".join(lines) + "\n"
 
 
@@ -132,7 +138,8 @@ class VerifierServer:
         pool's as this verifier sees it (``eagle_cluster_*``)."""
         from prometheus_client import REGISTRY, generate_latest
 
-        return generate_latest(REGISTRY).decode() + pool_metrics_text(await self.spec_stats())
+        rpc = await self.engine.collective_rpc("eagle_cluster_counters")
+        return generate_latest(REGISTRY).decode() + pool_metrics_text(next(r for r in rpc if r["is_driver"]))
 
     async def spec_stats(self) -> dict[str, Any]:
         """The proposer's counters: drafter failures, steps, per-request acceptance (vLLM's names), and the draft

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from actors.messages import BranchEntry, BranchTable, DraftResult, DraftStatus, DraftStep, SeqRole
+from actors.verifier.drafter_health import Quarantine, StepDeadline
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +143,8 @@ class DraftClient:
         missed their branch table (else those get placeholder drafts for the step). Waiting W ms for a step of
         T ms gains (MAL - 1) tokens per missed sequence; it pays while the missed share exceeds
         MAL * W / ((MAL - 1) * (T + W)): about 0.5 with MAL 2.3 and W / (T + W) 0.3, as measured here."""
-        self.timeout_s = timeout_s
+        self.deadline = StepDeadline(timeout_s)  # how long a step waits for a drafter
+        self.quarantine = Quarantine()  # dropped drafters, out of use until their health probe answers
         self.new_group_size = new_group_size  # new sequences placed together on one drafter
         self.wait_for_misses = wait_for_misses
         self.vocab_size = vocab_size
@@ -151,7 +153,18 @@ class DraftClient:
         self.lost: dict[str, str] = {}  # req_id -> the home it lost (its drafter failed), until re-homed
         self.to_free: dict[str, list[str]] = defaultdict(list)  # drafter id -> finished req_ids not yet sent
         self.rehomed = 0  # sequences that moved to another drafter (their home died or was drained)
-        self.events: deque[tuple[float, str, int]] = deque(maxlen=1000)  # (time.time(), "failed"|"rehomed", seqs)
+        self.events: deque[tuple[float, str, int]] = deque(maxlen=1000)  # (time.time(), kind, sequences)
+        # kind: "failed" (a drafter dropped), "rehomed", "readmitted" (a dropped drafter healthy again)
+
+    @property
+    def timeout_s(self) -> float:
+        """The longest a step waits for a drafter (the pool's ``timeout_s``); usually it waits less
+        (``StepDeadline``)."""
+        return self.deadline.max_s
+
+    @timeout_s.setter
+    def timeout_s(self, value: float) -> None:
+        self.deadline.max_s = value
 
     # --- drafters ------------------------------------------------------------------------------------
     def _discover(self, blocking: bool) -> None:
@@ -159,17 +172,29 @@ class DraftClient:
         raise NotImplementedError
 
     def _add_link(self, drafter_id: str, actor: Any, info: dict[str, Any]) -> None:
-        if drafter_id not in self.links:
+        if drafter_id not in self.links and drafter_id not in self.quarantine:
             self.links[drafter_id] = DrafterLink(drafter_id, actor, bool(info.get("drafts_branches")),
                                                  int(info.get("active_sequences", 0)))
 
-    def _drop(self, link: DrafterLink, req_ids: list[str], error: str) -> None:
+    def _drop(self, link: DrafterLink, req_ids: list[str], error: str, waited: Any = None) -> None:
         """A drafter failed: forget it; its sequences lose their home and are re-homed at their next step.
 
-        A drafter that timed out or answered badly may still be alive, holding the lost sequences' draft KV slots
-        (which count as its load for the router and the autoscaler): it is sent ``free`` for them, and for the
-        finished sequences not yet freed there, without waiting (``_free_on_lost_home``)."""
+        A drafter that timed out or answered badly may still be alive: its calls still queued are cancelled
+        (``waited``: the one this step gave up on), and it is not used again until it answers a health probe
+        (``Quarantine``). It may hold the lost sequences' draft KV slots (which count as its load for the router
+        and the autoscaler): it is sent ``free`` for them, and for the finished sequences not yet freed there,
+        without waiting (``_free_on_lost_home``)."""
+        import ray
+
         self.links.pop(link.drafter_id, None)
+        for ref in (waited, link.branches_ref, link.unchecked):
+            if ref is not None:
+                try:
+                    ray.cancel(ref)  # a queued call never runs; a running one finishes unread
+                except Exception:
+                    pass
+        link.branches_ref = link.unchecked = None
+        self.quarantine.hold(link.drafter_id, link.actor, link.drafts_branches)
         unsent = self.to_free.pop(link.drafter_id, [])
         lost = [rid for rid, h in self.home.items() if h == link.drafter_id]
         for rid in lost:
@@ -253,9 +278,13 @@ class DraftClient:
         import ray
 
         start = time.perf_counter()
-        deadline = start + self.timeout_s
+        self.deadline.step_started(start)
+        deadline = start + self.deadline.seconds()
         self._finish(step.finished)
         req_ids = [s.req_id for s in step.seqs]
+        for drafter_id, q in self.quarantine.recovered():  # healthy again: back in use for new sequences
+            self._add_link(drafter_id, q.actor, {"drafts_branches": q.drafts_branches})
+            self.events.append((time.time(), "readmitted", 0))
         self._discover(blocking=False)
         self._place([rid for rid in req_ids if rid not in self.home])
         array, dtype = hidden_to_numpy(hidden)
@@ -339,8 +368,7 @@ class DraftClient:
                 check_drafts(r.draft_token_ids, len(idx), k, self.vocab_size)
             except Exception as e:  # placeholders for these sequences; re-homed next step
                 errors.append(f"{len(idx)} sequences: {type(e).__name__}: {str(e)[:200]}")
-                self._drop(link, [req_ids[i] for i in idx], str(e)[:200])
-                link.branches_ref = None
+                self._drop(link, [req_ids[i] for i in idx], str(e)[:200], waited=ref)
                 continue
             finally:
                 wait_ms += (time.perf_counter() - t) * 1e3
@@ -356,7 +384,8 @@ class DraftClient:
 
     def stats(self) -> dict[str, Any]:
         return {"rehomed": self.rehomed, "homes": dict(Counter(self.home.values())), "events": list(self.events),
-                "drafters": len(self.links)}
+                "drafters": len(self.links), "quarantined": len(self.quarantine.held),
+                "deadline_s": self.deadline.seconds()}
 
 
 class ActorDraftClient(DraftClient):
@@ -365,9 +394,10 @@ class ActorDraftClient(DraftClient):
     def __init__(self, actor: str | Any, namespace: str | None = None, timeout_s: float = 30.0, **kw: Any) -> None:
         super().__init__(timeout_s=timeout_s, **kw)
         self.actor_name, self.namespace = actor, namespace
+        self.actor_id = ""  # its drafter id, once known
 
     def _discover(self, blocking: bool) -> None:
-        if self.links or not blocking:
+        if self.links or not blocking or self.actor_id in self.quarantine:
             return
         import ray
 
@@ -379,7 +409,8 @@ class ActorDraftClient(DraftClient):
         except Exception as e:  # dead: the steps draft nothing
             logger.info("drafter actor unavailable (%s)", e)
             return
-        self._add_link(info.get("drafter_id") or str(self.actor_name), actor, info)
+        self.actor_id = info.get("drafter_id") or str(self.actor_name)
+        self._add_link(self.actor_id, actor, info)
 
 
 def build_client(spec: dict[str, Any]) -> DraftClient:

@@ -163,6 +163,22 @@ class RemoteDraftWorker(_PlatformWorker):
             "local_propose": list(self._local_propose),  # vLLM's own drafter: (batch, rows, ms) per call
         }
 
+    def eagle_cluster_counters(self) -> dict[str, Any]:
+        """The counters only (no per-step timings, no per-request table): what ``/metrics`` reads on every scrape,
+        so a scrape costs the same after a day as after a minute."""
+        drafter = getattr(self.model_runner, "drafter", None)
+        st = drafter.state if isinstance(drafter, RemoteEagleProposer) else ProposerState()
+        client = drafter.client.stats() if hasattr(getattr(drafter, "client", None), "stats") else {}
+        return {
+            "is_driver": drafter.is_driver if isinstance(drafter, RemoteEagleProposer) else self.rank == 0,
+            "steps": st.steps,
+            "failures": st.failures,
+            "branch_lookups": st.branch_lookups,
+            "branch_hits": st.branch_hits,
+            "acceptance_by_source": {k: dataclasses.asdict(v) for k, v in st.by_source.items()},
+            "client": {k: client[k] for k in ("rehomed", "drafters", "quarantined") if k in client},
+        }
+
     def eagle_cluster_reset_stats(self) -> None:
         drafter = getattr(self.model_runner, "drafter", None)
         if isinstance(drafter, RemoteEagleProposer):

@@ -66,6 +66,8 @@ def remote_run(ray_cluster, head, method, prompts, params, name, branches=None, 
     try:
         tokens, stats = vh.run(llm, prompts, params)
         rpc = llm.collective_rpc("eagle_cluster_stats")
+        for r, counters in zip(rpc, llm.collective_rpc("eagle_cluster_counters"), strict=True):
+            r["counters"] = counters  # what /metrics reads
     finally:
         vh.close(llm)
         ray.kill(actor)
@@ -113,6 +115,12 @@ def test_greedy_exact_with_async_drafting(ray_cluster, head, method, prompts, gr
     assert by_source["branch"]["num_drafts"] > 0 and by_source["placeholder"]["num_drafts"] > 0
     assert sum(s["num_accepted_tokens"] for s in by_source.values()) == stats.num_accepted_tokens
     assert sum(driver["per_request_branch_hits"].values()) == driver["branch_hits"]
+    # /metrics' counters-only call: the same counters, nothing that grows with the requests served.
+    counters = driver["counters"]
+    assert {k: counters[k] for k in ("steps", "failures", "branch_lookups", "branch_hits", "acceptance_by_source")} \
+        == {k: driver[k] for k in ("steps", "failures", "branch_lookups", "branch_hits", "acceptance_by_source")}
+    assert counters["client"]["drafters"] == 1 and counters["client"]["quarantined"] == 0
+    assert not any(isinstance(v, list) for v in counters.values())
     assert stats.mean_acceptance_length > 1.5, stats.table()
 
 

@@ -82,6 +82,7 @@ def test_metrics_have_spec_decode_counters(client):
     pool = {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines() if ln.startswith("eagle_cluster_")}
     assert pool["eagle_cluster_draft_steps_total"] > 0
     assert pool["eagle_cluster_draft_failures_total"] == 0 and pool["eagle_cluster_rehomed_sequences_total"] == 0
+    assert pool["eagle_cluster_drafters"] == 1 and pool["eagle_cluster_quarantined_drafters"] == 0
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,157 @@
+"""A hung drafter (alive, not answering) costs the verifier one short stall, not one per step: the step's deadline
+comes from the step period (``StepDeadline``), the calls it gave up on are cancelled, and the drafter stays out of
+use, whatever discovery says, until it answers a health probe (``Quarantine``).
+
+No Ray runs here: fake actors and refs as in ``test_slot_leaks``; ``ray.get`` records the timeouts it is given."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import ray
+import torch
+
+from actors.messages import DraftStatus
+from actors.verifier.drafter_health import Quarantine, StepDeadline
+from tests.actors.test_slot_leaks import FakeDrafter, Method, Pool, Ref, good, step_of
+
+
+def test_step_deadline_worked_example():
+    d = StepDeadline(max_s=10.0, floor_s=1.0, factor=10.0, min_samples=8)
+    assert d.seconds() == 10.0  # nothing seen yet: the pool's timeout
+    t = 0.0
+    for _ in range(9):
+        d.step_started(t)
+        t += 0.03
+    assert d.seconds() == 1.0  # 10 x 30 ms is under the floor
+    for _ in range(64):
+        d.step_started(t)
+        t += 0.4
+    assert d.seconds() == pytest.approx(4.0)
+    d.step_started(t + 60)  # an idle minute is not a step period
+    assert d.seconds() == pytest.approx(4.0)
+
+
+class Probed(FakeDrafter):
+    """A fake drafter with a health probe whose ref is ready only once ``healthy`` is set."""
+
+    def __init__(self, answer) -> None:
+        super().__init__(answer)
+        self.healthy: bool | None = None  # None: not answering; False: answers badly
+
+
+@pytest.fixture
+def fake_ray(monkeypatch):
+    """``ray.get`` / ``ray.wait`` over ``Ref``s; the probe ref of drafter ``d`` is ready when ``d.healthy`` is not
+    None. Records ``ray.get`` timeouts and ``ray.cancel`` calls."""
+    seen: dict[str, list] = {"timeouts": [], "cancelled": []}
+    drafters: list[Probed] = []
+
+    def probe_of(ref: Ref) -> Probed | None:
+        return next((d for d in drafters if ref.value == ("probe", id(d))), None)
+
+    def get(ref: Ref, timeout: float | None = None) -> Any:
+        seen["timeouts"].append(timeout)
+        d = probe_of(ref)
+        if d is not None:
+            if not d.healthy:
+                raise RuntimeError("probe failed")
+            return (1, 1)
+        if ref.error is not None:
+            raise ref.error
+        return ref.value
+
+    def wait(refs, timeout=None):
+        ready = [r for r in refs if (d := probe_of(r)) is None or d.healthy is not None]
+        return ready, [r for r in refs if r not in ready]
+
+    def register(d: Probed) -> Probed:
+        drafters.append(d)
+        d.probe = Method(lambda: Ref(value=("probe", id(d))))
+        return d
+
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(ray, "wait", wait)
+    monkeypatch.setattr(ray, "cancel", lambda ref, **kw: seen["cancelled"].append(ref))
+    seen["register"] = register
+    return seen
+
+
+def hangs(step):
+    return ray.exceptions.GetTimeoutError("no answer")
+
+
+def test_a_hung_drafter_is_left_out_until_its_probe_answers(fake_ray):
+    hung, other = fake_ray["register"](Probed(hangs)), fake_ray["register"](Probed(good))
+    client = Pool({"hung": (hung, 0), "other": (other, 100)})  # new sequences go to "hung" first
+    client.new_group_size = 8
+    client.quarantine.min_hold_s = 0.0
+    s, h = step_of(0, ["a"])
+    reply, _ = client.propose(s, torch.from_numpy(h))
+    assert reply.status is DraftStatus.FAILED and "hung" in client.quarantine
+    assert fake_ray["cancelled"], "the call given up on was not cancelled"
+
+    # Discovery still names "hung" (its Serve replica answers): it stays out; the sequence re-homes on "other",
+    # and so do new ones, though "hung" reports less load.
+    s, h = step_of(1, ["a", "b"])
+    reply, _ = client.propose(s, torch.from_numpy(h))
+    assert reply.status is DraftStatus.OK and set(client.home.values()) == {"other"}
+    assert "hung" not in client.links
+
+    hung.healthy, hung.answer = False, good  # answering, but its probe fails: still out
+    s, h = step_of(2, ["a", "b"])
+    client.propose(s, torch.from_numpy(h))
+    assert "hung" not in client.links
+
+
+def test_a_recovered_drafter_is_used_again(fake_ray):
+    hung, other = fake_ray["register"](Probed(hangs)), fake_ray["register"](Probed(good))
+    client = Pool({"hung": (hung, 0), "other": (other, 100)})
+    client.quarantine.min_hold_s = 0.0
+    s, h = step_of(0, ["a"])
+    client.propose(s, torch.from_numpy(h))
+    assert "hung" in client.quarantine
+    hung.healthy, hung.answer = True, good  # SIGCONT: it works through its queue and answers the probe
+    s, h = step_of(1, ["a", "c"])
+    reply, _ = client.propose(s, torch.from_numpy(h))
+    assert reply.status is DraftStatus.OK and "hung" in client.links and "hung" not in client.quarantine
+    assert any(kind == "readmitted" for _, kind, _ in client.events)
+    assert client.home["c"] == "hung"  # the least loaded again
+
+
+def test_quarantine_holds_at_least_min_hold_and_forgets_the_silent(fake_ray, monkeypatch):
+    import actors.verifier.drafter_health as health
+
+    now = [100.0]
+    monkeypatch.setattr(health.time, "monotonic", lambda: now[0])
+    d = fake_ray["register"](Probed(good))
+    q = Quarantine(min_hold_s=5.0, forget_after_s=60.0)
+    q.hold("d", d, True)
+    d.healthy = True
+    assert q.recovered() == [] and "d" in q  # answered at once (a bad answer, not a hang): held 5 s anyway
+    now[0] += 5.0
+    (released,) = q.recovered()
+    assert released[0] == "d" and released[1].drafts_branches and "d" not in q
+
+    silent = fake_ray["register"](Probed(good))
+    q.hold("s", silent, True)
+    now[0] += 30.0
+    assert q.recovered() == [] and "s" in q
+    now[0] += 31.0
+    assert q.recovered() == [] and "s" not in q  # forgotten: if discovery names it again, it is tried afresh
+
+
+def test_the_step_waits_the_deadline_not_the_pool_timeout(fake_ray):
+    """After steps 20 ms apart, a hung drafter's answer is waited for ~1 s (the floor), not the pool's 10 s."""
+    hung = fake_ray["register"](Probed(good))
+    client = Pool({"hung": (hung, 0)})
+    client.timeout_s = 10.0
+    for i in range(10):  # healthy steps, 20 ms apart (the clock is real: the deadline is from measured periods)
+        client.deadline.step_started(i * 0.02)
+    hung.answer = hangs
+    fake_ray["timeouts"].clear()
+    s, h = step_of(0, ["a"])
+    client.propose(s, torch.from_numpy(h))
+    waited = [t for t in fake_ray["timeouts"] if t is not None]
+    assert waited and max(waited) <= 1.0 + 1e-6, waited
