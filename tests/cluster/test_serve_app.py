@@ -159,6 +159,58 @@ def test_grpc_stream_errors_end_with_their_status(server):
         assert pieces and pieces[-1].finish_reason == "length"
 
 
+def _metric(name: str) -> float:
+    """One vLLM gauge or counter from /metrics, summed over its label sets."""
+    text = _get("/metrics")[1].decode()
+    return sum(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith((name + "{", name + " ")))
+
+
+def test_client_disconnect_aborts_and_frees(server):
+    """A client that goes away mid-stream (HTTP and gRPC): the request is aborted in vLLM (no more tokens made for
+    it) and its sequence freed on the drafter: 0 draft sequences held afterwards."""
+    import time
+    import urllib.request
+
+    import grpc
+    import ray
+
+    from cluster.proto import eagle_cluster_pb2 as pb
+    from cluster.proto import eagle_cluster_pb2_grpc as pb_grpc
+    from tests.cluster.serve_helpers import drafter_stats, replica_actors
+
+    body = {"model": MODEL, "prompt": "def main():\n", "max_tokens": 900, "ignore_eos": True, "stream": True}
+    req = urllib.request.Request(HTTP + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    resp = urllib.request.urlopen(req, timeout=60)
+    for _ in range(3):
+        assert resp.readline()
+    with grpc.insecure_channel(GRPC) as channel:
+        stub = pb_grpc.EagleClusterStub(channel)
+        call = stub.GenerateStream(pb.GenerateRequest(prompt="class A:\n", max_tokens=900),
+                                   metadata=(("application", "eagle-cluster"),))
+        assert next(call).text is not None
+        assert _metric("vllm:num_requests_running") == 2
+        call.cancel()
+    resp.close()  # the HTTP client goes away
+    gone = time.time()
+    ray.init(address="auto", namespace="disconnect-test", log_to_driver=False)
+    try:
+        (drafter,) = replica_actors("Drafter")
+        while time.time() - gone < 10:
+            running = _metric("vllm:num_requests_running")
+            held = drafter_stats(drafter["replica_id"])["active_sequences"]
+            if running == 0 and held == 0:
+                break
+            time.sleep(0.25)
+        tokens = _metric("vllm:generation_tokens_total")
+        time.sleep(2)
+        assert (running, held) == (0, 0), f"{running} requests running, {held} draft sequences held 10 s after"
+        assert _metric("vllm:generation_tokens_total") == tokens  # nothing is generated for the gone clients
+        print(f"\ndisconnect: aborted and freed within {time.time() - 2 - gone:.2f} s")
+    finally:
+        ray.shutdown()
+
+
 def test_python_handle_snippet_from_readme(server):
     """Runs the README's handle snippet in a fresh interpreter connected to the running cluster."""
     readme = (ROOT / "README.md").read_text()

@@ -1,0 +1,200 @@
+"""A hung drafter under load: one drafter actor SIGSTOPped for 20 s while 32 streams generate, then SIGCONTed.
+
+    python -m benchmarks.hung_drafter [--streams 32] [--stop-s 20] [--max-tokens 96]
+
+Serves the CPU default (``serve run``, both applications) with two drafter replicas. ``--streams`` clients each
+stream greedy completions back to back (the openai client, ``stream=True``) until the run ends: ``--warmup-s``
+before the stop, ``--stop-s`` stopped, ``--after-s`` after. The drafter stopped is the drafter actor (the process
+that drafts, ``actors.drafter.actor.DrafterActor``) of the replica holding most of the verifier's sequences.
+
+Reports: failed requests, outputs that differ from vLLM target-only (run first, offline, same prompts), the
+longest gap between two chunks of any stream (the stall), the verifier's deadline for a drafter, events from the
+verifier's draft client (drafter dropped, sequences re-homed, drafter readmitted), and the acceptance length
+(``vllm:spec_decode_*``) before, during and after the stop. Hardware: the verifier, both drafters and this
+client share this machine's cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from actors.metrics import SpecDecodeStats, from_prometheus_text
+from benchmarks.serving import load_prompts
+from benchmarks.serving_compare import stop, wait_healthy
+from cluster import deploy_yaml
+from cluster.config import APP_NAME, DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT
+
+BASE = "http://127.0.0.1:8000"
+MODEL = "llama4-tiny"
+
+
+def reference(prompts: list[str], max_tokens: int) -> dict[str, list[int]]:
+    """vLLM target-only greedy token ids (offline engine, before the server starts)."""
+    from vllm import SamplingParams
+
+    from actors.vllm_engine import make_llm
+
+    target = deploy_yaml.app_args(deploy_yaml.with_changes(deploy_yaml.load(), absolute=True))["verifier"]["model"]
+    llm = make_llm(target)
+    try:
+        outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+        return {o.prompt: list(o.outputs[0].token_ids) for o in outs}
+    finally:
+        del llm
+        gc.collect()
+
+
+def spec() -> SpecDecodeStats:
+    import urllib.request
+
+    with urllib.request.urlopen(BASE + "/metrics", timeout=10) as r:
+        return from_prometheus_text(r.read().decode())
+
+
+def verifier_client_stats() -> dict:
+    from ray import serve
+
+    handle = serve.get_deployment_handle("Verifier", app_name=APP_NAME)
+    return handle.spec_stats.remote().result(timeout_s=30)["client"]
+
+
+def drafter_actor_pids() -> dict[str, int]:
+    """Drafter replica id -> the pid of its drafter actor (asked of each replica through the pool's router)."""
+    from ray import serve
+    from ray.util.state import list_actors
+
+    from cluster.drafter_router import route_key
+
+    handle = serve.get_deployment_handle(DRAFTER_DEPLOYMENT, app_name=DRAFTER_APP_NAME)
+    replicas = list_actors(filters=[("class_name", "=", f"ServeReplica:{DRAFTER_APP_NAME}:{DRAFTER_DEPLOYMENT}"),
+                                    ("state", "=", "ALIVE")])
+    out = {}
+    for a in replicas:
+        rid = a.name.rsplit("#", 1)[-1]
+        out[rid] = handle.options(session_id=route_key(rid, 0)).stats.remote().result(timeout_s=30)["pid"]
+    return out
+
+
+async def streams(prompts: list[str], ref: dict[str, list[int]], n: int, max_tokens: int, until: float,
+                  on_tick) -> dict:
+    """``n`` clients streaming back to back until ``until``; ``on_tick()`` every 0.5 s meanwhile."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=BASE + "/v1", api_key="unused", max_retries=0, timeout=600)
+    out = {"requests": 0, "failed": [], "wrong": 0, "max_gap_s": 0.0, "max_gap_at": 0.0}
+
+    async def user(i: int) -> None:
+        j = i
+        while time.time() < until:
+            prompt = prompts[j % len(prompts)]
+            j += n
+            ids: list[int] = []
+            last = time.time()
+            try:
+                stream = await client.completions.create(
+                    model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+                    extra_body={"ignore_eos": True, "return_token_ids": True})
+                async for chunk in stream:
+                    now = time.time()
+                    if now - last > out["max_gap_s"]:
+                        out["max_gap_s"], out["max_gap_at"] = now - last, now
+                    last = now
+                    if chunk.choices:
+                        ids += list(getattr(chunk.choices[0], "token_ids", None) or [])
+            except Exception as e:
+                out["failed"].append(f"{type(e).__name__}: {e}"[:200])
+                continue
+            out["requests"] += 1
+            out["wrong"] += ids != ref[prompt]
+
+    tasks = [asyncio.create_task(user(i)) for i in range(n)]
+    while not all(t.done() for t in tasks):
+        await asyncio.to_thread(on_tick)
+        await asyncio.sleep(0.5)
+    await asyncio.gather(*tasks)
+    await client.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--streams", type=int, default=32)
+    p.add_argument("--stop-s", type=float, default=20.0)
+    p.add_argument("--warmup-s", type=float, default=8.0)
+    p.add_argument("--after-s", type=float, default=15.0)
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--num-prompts", type=int, default=32)
+    args = p.parse_args(argv)
+
+    import ray
+
+    prompts = load_prompts(None, args.num_prompts)
+    ref = reference(prompts, args.max_tokens)
+    with tempfile.TemporaryDirectory() as tmp:
+        doc = deploy_yaml.with_changes(deploy_yaml.load(), absolute=True,
+                                       drafter={"num_replicas": 2, "num_cpus": 0.5})
+        path = deploy_yaml.write(doc, Path(tmp) / "hung.yaml")
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "serve"), "run", str(path)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, "RAY_DEDUP_LOGS": "0"})
+        try:
+            wait_healthy(proc, BASE)
+            ray.init(address="auto", namespace="hung-drafter", log_to_driver=False)
+            pids = drafter_actor_pids()
+            marks: dict = {"start": spec()}
+            start = time.time()
+            stop_at, cont_at = start + args.warmup_s, start + args.warmup_s + args.stop_s
+            until = cont_at + args.after_s
+
+            def on_tick() -> None:
+                now = time.time()
+                if "stopped" not in marks and now >= stop_at:
+                    homes = verifier_client_stats()["homes"]
+                    marks["victim"] = max(pids, key=lambda rid: homes.get(rid, 0))
+                    marks["homes"], marks["before"] = homes, spec()
+                    marks["stopped"] = time.time()
+                    os.kill(pids[marks["victim"]], signal.SIGSTOP)
+                elif "stopped" in marks and "resumed" not in marks and now >= cont_at:
+                    marks["during"] = spec()
+                    os.kill(pids[marks["victim"]], signal.SIGCONT)
+                    marks["resumed"] = time.time()
+
+            result = asyncio.run(streams(prompts, ref, args.streams, args.max_tokens, until, on_tick))
+            marks["end"] = spec()
+            client = verifier_client_stats()
+        finally:
+            if "stopped" in marks and "resumed" not in marks:
+                os.kill(pids[marks["victim"]], signal.SIGCONT)
+            ray.shutdown()
+            stop(proc)
+    events = [(round(t - marks["stopped"], 2), kind, n) for t, kind, n in client["events"] if t >= marks["stopped"]]
+    before = marks["before"] - marks["start"]
+    during = marks["during"] - marks["before"]
+    after = marks["end"] - marks["during"]
+    print(f"# hung drafter: {args.streams} streams of {args.max_tokens} tokens back to back; drafter actor of "
+          f"{marks['victim']} (homing {marks['homes'].get(marks['victim'], 0)} of the verifier's sequences) "
+          f"SIGSTOPped {args.stop_s:.0f} s; two drafter replicas (0.5 CPU each), verifier and client on this "
+          f"machine's {os.cpu_count()} cores")
+    print(f"requests finished: {result['requests']}  failed: {len(result['failed'])}  "
+          f"outputs differing from target-only: {result['wrong']}")
+    print(f"longest gap between two chunks of a stream: {result['max_gap_s']:.2f} s "
+          f"({result['max_gap_at'] - marks['stopped']:+.1f} s from the stop)")
+    print(f"draft client events after the stop (s from it, kind, sequences): {events}")
+    print(f"acceptance length: before {before.mean_acceptance_length:.2f}, during the stop "
+          f"{during.mean_acceptance_length:.2f}, after {after.mean_acceptance_length:.2f}; drafters in use at the "
+          f"end {client.get('drafters')}, quarantined {client.get('quarantined')}")
+    if result["failed"]:
+        print("failures:", result["failed"][:3])
+
+
+if __name__ == "__main__":
+    main()
