@@ -252,7 +252,8 @@ class DrafterConfig(_Strict):
                                           "draft KV slot (its verifier died, its free was lost); null: never")
     cpu_affinity: list[NonNegativeInt] | None = Field(
         None, min_length=1, description="bind each drafter's process to these cores (a drafter with cores of its own)")
-    timeout_s: float = Field(10.0, gt=0, description="a draft call slower than this drafts nothing")
+    timeout_s: float = Field(10.0, gt=0, description="the longest a verifier step waits for a drafter (it waits "
+                             "ten step periods, at least 1 s, when it knows the step period)")
     max_ongoing_requests: int = Field(32, ge=1, description="concurrent draft calls per replica (all verifiers)")
     async_drafting: AsyncDraftingConfig = Field(default_factory=AsyncDraftingConfig)
     max_speculative_tokens: int = Field(

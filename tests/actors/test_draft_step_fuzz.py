@@ -44,7 +44,7 @@ JUNK = [None, True, False, -1, 0, 1, 3, 2**31, 2**63 - 1, -(2**63), 1.5, float("
         b"\x00\x01\x02", [], [1], ["a"], [[1, 2]], {}, {"a": 1}]
 
 
-def _mutations(rng: random.Random, packed: bytes, hidden: np.ndarray):
+def mutations(rng: random.Random, packed: bytes, hidden: np.ndarray):
     """(step bytes, hidden) pairs, each with something wrong (or, rarely, harmless)."""
     d = msgpack.unpackb(packed, raw=False)
     width = hidden.shape[1]
@@ -95,13 +95,13 @@ def _mutations(rng: random.Random, packed: bytes, hidden: np.ndarray):
     return msgpack.packb(d, use_bin_type=True), hidden
 
 
-def _check_answer(answer: bytes, vocab: int) -> DraftResult:
+def check_answer(answer: bytes, vocab: int, max_k: int = 4) -> DraftResult:
     result = DraftResult.unpack(answer)
     if result.status is DraftStatus.FAILED:
         assert result.error.startswith("draft step: "), result.error  # a BadStep's reason, not a traceback
     else:  # a harmless mutation (a step id, an extra sequence field that still holds up)
         assert result.status is DraftStatus.OK
-        assert result.draft_token_ids.ndim == 2 and result.draft_token_ids.shape[1] <= 4
+        assert result.draft_token_ids.ndim == 2 and result.draft_token_ids.shape[1] <= max_k
         assert ((result.draft_token_ids >= 0) & (result.draft_token_ids < vocab)).all()
     return result
 
@@ -115,8 +115,8 @@ def test_fuzzed_steps_are_refused_and_change_nothing(branches):
     rng = random.Random(0)
     failed = 0
     for _ in range(300):
-        bad_bytes, bad_hidden = _mutations(rng, packed, hidden)
-        result = _check_answer(actor.propose(bad_bytes, bad_hidden), spec.vocab_size)
+        bad_bytes, bad_hidden = mutations(rng, packed, hidden)
+        result = check_answer(actor.propose(bad_bytes, bad_hidden), spec.vocab_size)
         failed += result.status is DraftStatus.FAILED
         table = BranchTable.unpack(actor.branches(rng.choice([["a", "b"], ["a", 3, None], "ab", None, [["a"]]])))
         assert set(table.entries) <= {"a", "b"}

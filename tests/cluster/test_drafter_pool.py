@@ -162,6 +162,40 @@ def test_drafter_killed_under_32_streams(server, reference):
     assert after.num_accepted_tokens > 0
 
 
+def test_fuzzed_steps_against_a_served_drafter(server):
+    """300 malformed ``DraftStep``s sent to a served drafter actor, as a buggy verifier would send them (its handle
+    from ``attach``): each answered FAILED with the reason, or harmless; the drafter is still serving after."""
+    import random
+
+    import ray
+    from ray import serve
+
+    from actors.eagle.spec import load_head_spec
+    from actors.messages import DraftResult, DraftStatus
+    from cluster import deploy_yaml
+    from cluster.config import DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT
+    from tests.actors.test_draft_step_fuzz import check_answer, good_step, mutations
+
+    head = deploy_yaml.app_args(deploy_yaml.with_changes(deploy_yaml.load(), absolute=True), DRAFTER_APP_NAME)["head"]
+    spec = load_head_spec(head)
+    handle = serve.get_deployment_handle(DRAFTER_DEPLOYMENT, app_name=DRAFTER_APP_NAME)
+    replica_id, actor, _ = handle.attach.remote().result(timeout_s=30)
+    failures_before = drafter_stats(replica_id)["failures"]
+    step, hidden = good_step(spec.fused_hidden_size, ids=("fuzz-a", "fuzz-b"))
+    rng = random.Random(1)
+    start = time.time()
+    answers = ray.get([actor.propose.remote(*mutations(rng, step.pack(), hidden)) for _ in range(300)])
+    failed = sum(check_answer(a, spec.vocab_size, max_k=16).status is DraftStatus.FAILED for a in answers)
+    took = time.time() - start
+    good = DraftResult.unpack(ray.get(actor.propose.remote(*good_step(spec.fused_hidden_size, ("fuzz-c", "fuzz-d")))))
+    ray.get(actor.free.remote(["fuzz-a", "fuzz-b", "fuzz-c", "fuzz-d"]))
+    stats = drafter_stats(replica_id)
+    print(f"\nfuzz against served drafter {replica_id}: 300 malformed steps in {took:.1f} s, {failed} FAILED with a "
+          f"reason, {300 - failed} harmless; a good step afterwards: {good.status.name}")
+    assert failed >= 250 and stats["failures"] - failures_before == failed
+    assert good.status is DraftStatus.OK and good.draft_token_ids.shape == (2, 3)
+
+
 def _rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
