@@ -56,7 +56,7 @@ def reference(prompts: list[str], max_tokens: int) -> dict[str, list[int]]:
 def spec() -> SpecDecodeStats:
     import urllib.request
 
-    with urllib.request.urlopen(BASE + "/metrics", timeout=10) as r:
+    with urllib.request.urlopen(BASE + "/metrics", timeout=120) as r:
         return from_prometheus_text(r.read().decode())
 
 
@@ -65,6 +65,22 @@ def verifier_client_stats() -> dict:
 
     handle = serve.get_deployment_handle("Verifier", app_name=APP_NAME)
     return handle.spec_stats.remote().result(timeout_s=30)["client"]
+
+
+def warm_up(num_drafters: int, timeout_s: float = 180) -> None:
+    """Short requests until the verifier's draft client uses every drafter replica (it learns them from the
+    pool's router, about one a second)."""
+    import urllib.request
+
+    body = f'{{"model": "{MODEL}", "prompt": "def f(x):", "max_tokens": 8}}'.encode()
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        req = urllib.request.Request(BASE + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=120).read()
+        if verifier_client_stats()["drafters"] >= num_drafters:
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"the verifier did not find {num_drafters} drafters in {timeout_s} s")
 
 
 def drafter_actor_pids() -> dict[str, int]:
@@ -98,14 +114,14 @@ async def streams(prompts: list[str], ref: dict[str, list[int]], n: int, max_tok
             prompt = prompts[j % len(prompts)]
             j += n
             ids: list[int] = []
-            last = time.time()
+            last = None  # the first chunk's wait is queueing and prefill (TTFT), not a stall
             try:
                 stream = await client.completions.create(
                     model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
                     extra_body={"ignore_eos": True, "return_token_ids": True})
                 async for chunk in stream:
                     now = time.time()
-                    if now - last > out["max_gap_s"]:
+                    if last is not None and now - last > out["max_gap_s"]:
                         out["max_gap_s"], out["max_gap_at"] = now - last, now
                     last = now
                     if chunk.choices:
@@ -150,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
             wait_healthy(proc, BASE)
             ray.init(address="auto", namespace="hung-drafter", log_to_driver=False)
             pids = drafter_actor_pids()
+            warm_up(len(pids))
             marks: dict = {"start": spec()}
             start = time.time()
             stop_at, cont_at = start + args.warmup_s, start + args.warmup_s + args.stop_s
@@ -158,10 +175,14 @@ def main(argv: list[str] | None = None) -> None:
             def on_tick() -> None:
                 now = time.time()
                 if "stopped" not in marks and now >= stop_at:
-                    homes = verifier_client_stats()["homes"]
+                    t = time.time()
+                    client = verifier_client_stats()
+                    homes = client["homes"]
+                    if sum(1 for rid in pids if homes.get(rid, 0) > 0) < 2 and now < stop_at + 30:
+                        return  # stop a drafter in use, with another in use to fail over to
                     marks["victim"] = max(pids, key=lambda rid: homes.get(rid, 0))
-                    marks["homes"], marks["before"] = homes, spec()
-                    marks["stopped"] = time.time()
+                    marks["homes"], marks["deadline_s"], marks["before"] = homes, client["deadline_s"], spec()
+                    marks["stopped"], marks["tick_s"] = time.time(), time.time() - t
                     os.kill(pids[marks["victim"]], signal.SIGSTOP)
                 elif "stopped" in marks and "resumed" not in marks and now >= cont_at:
                     marks["during"] = spec()
@@ -186,8 +207,10 @@ def main(argv: list[str] | None = None) -> None:
           f"machine's {os.cpu_count()} cores")
     print(f"requests finished: {result['requests']}  failed: {len(result['failed'])}  "
           f"outputs differing from target-only: {result['wrong']}")
-    print(f"longest gap between two chunks of a stream: {result['max_gap_s']:.2f} s "
+    print(f"the verifier's deadline for a drafter at the stop: {marks['deadline_s']:.2f} s")
+    print(f"longest gap between two chunks of a stream (after its first): {result['max_gap_s']:.2f} s "
           f"({result['max_gap_at'] - marks['stopped']:+.1f} s from the stop)")
+    print(f"(reading the verifier's stats and /metrics before the stop took {marks['tick_s']:.1f} s under this load)")
     print(f"draft client events after the stop (s from it, kind, sequences): {events}")
     print(f"acceptance length: before {before.mean_acceptance_length:.2f}, during the stop "
           f"{during.mean_acceptance_length:.2f}, after {after.mean_acceptance_length:.2f}; drafters in use at the "

@@ -94,11 +94,9 @@ def main(argv: list[str] | None = None) -> None:
             wait_healthy(proc, BASE)
             scraper = Scraper()
 
-            def progress(done: int) -> None:
-                if done == max(1, args.requests // 10):
-                    mem["start"] = memory()
-                elif done == args.requests - args.requests // 10:
-                    mem["end"] = memory()
+            def progress(done: int) -> None:  # memory at every tenth of the run
+                if done % max(1, args.requests // 10) == 0:
+                    mem[done] = memory(split=True)
 
             scraper.start()
             start = time.time()
@@ -120,9 +118,11 @@ def main(argv: list[str] | None = None) -> None:
               f"max {max(s[1] for s in part) * 1e3:.1f} ms, {statistics.median(s[2] for s in part) / 1e3:.1f} kB")
     ratio = statistics.median(s[1] for s in last) / statistics.median(s[1] for s in first)
     print(f"scrape time last / first: {ratio:.2f}x")
-    for name in ("verifier", "drafters"):
-        a, b = mem["start"][name], mem["end"][name]
-        print(f"{name} RSS MB at 10% of the run {a:.0f}, at 90% {b:.0f} ({b / a:.3f}x)")
+    marks = sorted(mem)
+    for name in mem[marks[0]]:
+        a, b = mem[marks[1]][name], mem[marks[-1]][name]
+        print(f"{name} RSS MB at each tenth of the run: {[round(mem[m][name]) for m in marks]}; "
+              f"end / 20% {b / a:.3f}x")
 
 
 if __name__ == "__main__":

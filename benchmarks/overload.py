@@ -47,9 +47,15 @@ def rss_mb(marker: str) -> float:
     return sum(seen.values())
 
 
-def memory() -> dict[str, float]:
-    return {"verifier": rss_mb(f"ServeReplica:{APP_NAME}:Verifier"),
-            "drafters": rss_mb(f"ServeReplica:{DRAFTER_APP_NAME}:Drafter") + rss_mb("DrafterActor")}
+def memory(split: bool = False) -> dict[str, float]:
+    """Resident MB of the verifier (its Serve replica and the vLLM engine processes under it) and of the drafters
+    (replicas and actors); ``split``: also the verifier's engine-core process alone."""
+    out = {"verifier": rss_mb(f"ServeReplica:{APP_NAME}:Verifier"),
+           "drafters": rss_mb(f"ServeReplica:{DRAFTER_APP_NAME}:Drafter") + rss_mb("DrafterActor")}
+    if split:
+        out["verifier engine core"] = rss_mb("VLLM::EngineCore")
+        out["ingress"] = rss_mb(f"ServeReplica:{APP_NAME}:Ingress")
+    return out
 
 
 async def one(client, prompt: str, max_tokens: int) -> tuple[int, list[int] | None, str | None]:

@@ -75,7 +75,7 @@ class ServeDraftClient(DraftClient):
                     self._next_blocking = now + BLOCKING_BACKOFF_S
                     break
             if not self.links:  # every replica named is out of use: not again before the next discovery
-                self._next_blocking = now + self.discover_period_s
+                self._next_blocking = max(self._next_blocking, now + self.discover_period_s)
             self._next_discovery = now + self.discover_period_s
         elif self._attaching is None and now >= self._next_discovery:
             self._next_discovery = now + self.discover_period_s
