@@ -100,9 +100,8 @@ def drafter_actor_pids() -> dict[str, int]:
     return out
 
 
-async def streams(prompts: list[str], ref: dict[str, list[int]], n: int, max_tokens: int, until: float,
-                  on_tick) -> dict:
-    """``n`` clients streaming back to back until ``until``; ``on_tick()`` every 0.5 s meanwhile."""
+async def streams(prompts: list[str], ref: dict[str, list[int]], n: int, max_tokens: int, until, on_tick) -> dict:
+    """``n`` clients streaming back to back until time ``until()``; ``on_tick()`` every 0.5 s meanwhile."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=BASE + "/v1", api_key="unused", max_retries=0, timeout=600)
@@ -110,7 +109,7 @@ async def streams(prompts: list[str], ref: dict[str, list[int]], n: int, max_tok
 
     async def user(i: int) -> None:
         j = i
-        while time.time() < until:
+        while time.time() < until():
             prompt = prompts[j % len(prompts)]
             j += n
             ids: list[int] = []
@@ -169,8 +168,10 @@ def main(argv: list[str] | None = None) -> None:
             warm_up(len(pids))
             marks: dict = {"start": spec()}
             start = time.time()
-            stop_at, cont_at = start + args.warmup_s, start + args.warmup_s + args.stop_s
-            until = cont_at + args.after_s
+            stop_at = start + args.warmup_s
+
+            def until() -> float:
+                return marks["resumed"] + args.after_s if "resumed" in marks else float("inf")
 
             def on_tick() -> None:
                 now = time.time()
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
                     marks["homes"], marks["deadline_s"], marks["before"] = homes, client["deadline_s"], spec()
                     marks["stopped"], marks["tick_s"] = time.time(), time.time() - t
                     os.kill(pids[marks["victim"]], signal.SIGSTOP)
-                elif "stopped" in marks and "resumed" not in marks and now >= cont_at:
+                elif "stopped" in marks and "resumed" not in marks and now >= marks["stopped"] + args.stop_s:
                     marks["during"] = spec()
                     os.kill(pids[marks["victim"]], signal.SIGCONT)
                     marks["resumed"] = time.time()
@@ -203,8 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     after = marks["end"] - marks["during"]
     print(f"# hung drafter: {args.streams} streams of {args.max_tokens} tokens back to back; drafter actor of "
           f"{marks['victim']} (homing {marks['homes'].get(marks['victim'], 0)} of the verifier's sequences) "
-          f"SIGSTOPped {args.stop_s:.0f} s; two drafter replicas (0.5 CPU each), verifier and client on this "
-          f"machine's {os.cpu_count()} cores")
+          f"SIGSTOPped {marks['resumed'] - marks['stopped']:.1f} s; two drafter replicas (0.5 CPU each), verifier and "
+          f"client on this machine's {os.cpu_count()} cores")
     print(f"requests finished: {result['requests']}  failed: {len(result['failed'])}  "
           f"outputs differing from target-only: {result['wrong']}")
     print(f"the verifier's deadline for a drafter at the stop: {marks['deadline_s']:.2f} s")
