@@ -131,6 +131,8 @@ def _heads(models: Path, out_root: Path, vocab: int) -> None:
             continue
         dst.mkdir(parents=True, exist_ok=True)
         cfg = json.loads((src / "config.json").read_text())
+        if cfg.get("draft_vocab_size") == cfg["vocab_size"]:  # EAGLE-1: drafts over the whole (shared) lm_head
+            cfg["draft_vocab_size"] = vocab
         cfg["vocab_size"] = vocab
         (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         link = dst / "model.safetensors"
