@@ -128,8 +128,10 @@ class RemoteEagleProposer(EagleProposer):
     def supports_mm_inputs(self, value: bool) -> None:  # set by vLLM's constructor: the target takes images
         self._mm_capable = bool(value)
 
-    _mm_capable = False
+    _mm_capable = False  # class defaults: for proposers built without __init__ (tests)
     ship_mm_embeds = True
+    mm_steps = 0
+    mm_rows_shipped = 0
 
     def _batch_has_images_ahead(self) -> bool:
         runner = getattr(self, "runner", None)
