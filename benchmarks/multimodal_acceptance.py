@@ -29,8 +29,9 @@ SIZES = [(64, 64), (100, 50), (64, 200), (150, 150), (40, 90), (128, 64), (90, 9
 MAX_IMAGES = 2
 
 
-def image_prompts(n: int, seed: int = 0) -> list[dict]:
-    """n prompts: images (seeded noise with a colour bias, sizes from ``SIZES``) then held-out Python text."""
+def image_prompts(n: int, seed: int = 0, max_text_chars: int | None = None) -> list[dict]:
+    """n prompts: images (seeded noise with a colour bias, sizes from ``SIZES``) then held-out Python text (its
+    first ``max_text_chars`` characters, if given)."""
     from PIL import Image
 
     rng = np.random.default_rng(seed)
@@ -43,6 +44,7 @@ def image_prompts(n: int, seed: int = 0) -> list[dict]:
             base = rng.integers(0, 256, 3)
             noise = rng.integers(-40, 40, (h, w, 3))
             images.append(Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8)))
+        text = text[:max_text_chars] if max_text_chars else text
         out.append({"prompt": "<|image|>" * len(images) + text, "multi_modal_data": {"image": images}})
     return out
 
@@ -115,9 +117,10 @@ def main() -> None:
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--methods", nargs="*", default=list(HEADS))
+    p.add_argument("--max-text-chars", type=int, help="cut each prompt's text (so drafting stays near the images)")
     p.add_argument("--json", help="write the figures here too")
     args = p.parse_args()
-    prompts = image_prompts(args.num_prompts)
+    prompts = image_prompts(args.num_prompts, max_text_chars=args.max_text_chars)
     ns = "bench-multimodal"
     ray.init(namespace=ns, num_cpus=4, include_dashboard=False, log_to_driver=False)
     ref, _ = target_only(prompts, args.max_tokens)
