@@ -152,18 +152,25 @@ class RemoteEagleProposer(EagleProposer):
         mm_embed_inputs: tuple[list[torch.Tensor], torch.Tensor] | None,
         rows: torch.Tensor,  # [num_kept] rows shipped, indices into the step's scheduled tokens (cpu)
         num_tokens: int,
+        padded: bool = True,
     ) -> tuple[np.ndarray, torch.Tensor | None]:
         """The shipped rows (indices into ``rows``) whose input token is an image position, and their merged
         embeddings ``[M, H]``: vLLM's ``(mm_embeds, is_mm_embed)`` (``is_mm_embed`` over the step's scheduled
         tokens, shifted by one as the drafter's input ids are; the embeddings of its True rows, in order).
 
         Worked example: is_mm_embed [0, 1, 1, 0, 1], embeds e1, e2, e3 (for rows 1, 2, 4); rows kept [0, 1, 4]
-        -> mm rows [1, 2] (kept rows 1 and 4), embeddings [e1, e3]."""
+        -> mm rows [1, 2] (kept rows 1 and 4), embeddings [e1, e3].
+
+        vLLM's non-padded path (``disable_padded_drafter_batch``) has dropped rejected rows before ``propose``, so
+        its rows no longer line up with the scheduled tokens whenever some were dropped: then no image rows are
+        shipped (the drafter embeds the placeholder ids; lossless either way)."""
         none = np.zeros(0, np.int32), None
         if not mm_embed_inputs:
             return none
         embeds, is_mm = mm_embed_inputs
         if not embeds or is_mm is None:
+            return none
+        if is_mm.shape[0] < num_tokens or (not padded and is_mm.shape[0] != num_tokens):
             return none
         is_mm = is_mm[:num_tokens].cpu()
         if not bool(is_mm.any()):
@@ -253,7 +260,7 @@ class RemoteEagleProposer(EagleProposer):
         # Padded layout (rows are the step's scheduled tokens), the one this project runs; vLLM gathers the image
         # embeddings over the scheduled tokens too.
         self.mm_steps += mm_embed_inputs is not None
-        mm_rows, mm_embeds = self._mm_rows(mm_embed_inputs, rows, int(qsl[-1]))
+        mm_rows, mm_embeds = self._mm_rows(mm_embed_inputs, rows, int(qsl[-1]), token_indices_to_sample is not None)
         if mm_embeds is not None:
             step.mm_rows = mm_rows
             step.mm_embeds, _ = hidden_to_numpy(mm_embeds.to(hidden.dtype))  # travels like the hidden rows

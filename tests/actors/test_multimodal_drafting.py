@@ -137,3 +137,6 @@ def test_image_rows_from_vllm_inputs():
     rows, emb = proposer._mm_rows(([e], is_mm), torch.tensor([0, 3]), 5)
     assert rows.tolist() == [] and emb is None
     assert proposer._mm_rows(None, torch.tensor([0]), 5)[1] is None
+    # non-padded path: rows dropped (4 of 5 left) no longer line up with the scheduled tokens -> nothing shipped
+    assert proposer._mm_rows(([e], is_mm), torch.tensor([0, 1]), 4, padded=False)[1] is None
+    assert proposer._mm_rows(([e], is_mm), torch.tensor([0, 1]), 5, padded=False)[0].tolist() == [1]
