@@ -40,6 +40,7 @@ test: $(STAMP)
 
 models: $(STAMP)
 	$(PY) -m actors.train.cli all --out models
+	$(PY) -m actors.train.cli multimodal --out models
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.colocated_acceptance

@@ -1,6 +1,6 @@
 """``python -m actors.train.cli {all,target,heads,multimodal}``: makes the checkpoints shipped under ``models/``.
 
-    all         tokenizer + target + every head + the multimodal checkpoint (what ``make models`` runs)
+    all         tokenizer + target + every head (``make models`` runs it, then ``multimodal``)
     target      tokenizer + the Llama 4 target
     heads       the EAGLE-1 and EAGLE-3 heads, on a target folder made before
     multimodal  ``llama4-tiny-mm``: the target with a random vision encoder (``actors.train.multimodal``)
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             run_target(args)
         if args.stage in ("all", "heads"):
             run_heads(args)
-        if args.stage in ("all", "multimodal"):
+        if args.stage == "multimodal":  # needs torchvision (transformers' Llama 4 processor): not part of "all"
             run_multimodal(args)
     except (corpus.CorpusError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
