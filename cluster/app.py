@@ -95,5 +95,14 @@ def build_app(args: dict[str, Any]) -> Application:
         num_replicas=cfg.ingress.num_replicas,
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=max(1000, 2 * cfg.ingress.max_inflight_requests),  # over it, Serve would queue
-    ).bind(verifier, cfg.ingress.model_dump(), v.name)
+    ).bind(verifier, ingress_args(cfg), v.name)
     return ingress
+
+
+def ingress_args(cfg: EagleClusterConfig) -> dict[str, Any]:
+    """The ingress section, with the image limit defaulting to the verifier engine's ``limit_mm_per_prompt``."""
+    out = cfg.ingress.model_dump()
+    limit = (cfg.verifier.engine_kwargs.get("limit_mm_per_prompt") or {})
+    if out["max_images_per_request"] is None and isinstance(limit, dict) and isinstance(limit.get("image"), int):
+        out["max_images_per_request"] = limit["image"]
+    return out

@@ -296,6 +296,12 @@ class IngressConfig(_Strict):
         "with Retry-After, gRPC UNAVAILABLE")
     retry_after_s: int = Field(1, ge=1, description="the Retry-After of those 503s")
     num_replicas: int = Field(1, ge=1)
+    max_images_per_request: int | None = Field(
+        None, ge=0, description="chat requests with more image parts get 400 (default: the verifier's "
+        "engine_kwargs.limit_mm_per_prompt.image, when set)")
+    allow_remote_images: bool = Field(
+        False, description="image_url parts with http(s) URLs are fetched by the verifier; if false (default) they "
+        "get 400 and only base64 data URLs are taken")
 
     @model_validator(mode="after")
     def _grpc_needs_key(self) -> IngressConfig:

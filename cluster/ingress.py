@@ -229,9 +229,21 @@ class Ingress:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    def _check_images(self, req: Any) -> None:
+        """Image parts of a chat request (``cluster.images``), or ``BadRequest`` (400) naming the bad one."""
+        from cluster.images import ImageError, check_chat_images
+
+        try:
+            check_chat_images(getattr(req, "messages", None), self.config.max_images_per_request,
+                              self.config.allow_remote_images)
+        except ImageError as e:
+            raise BadRequest(400, f"{e.param}: {e.message}", e.param) from None
+
     async def _openai(self, request: Request, model_cls: type, method: str) -> Response:
         try:
             req = parse_request(await request.body(), model_cls, self.config.max_n)
+            if method == "chat":
+                self._check_images(req)
         except BadRequest as e:
             return JSONResponse(error_body(e.status, e.message, e.param), status_code=e.status)
         if req.model not in (None, self.model_name):
@@ -286,6 +298,21 @@ class Ingress:
         """``serve.get_app_handle(app).generate.remote("def f(", max_tokens=16)`` -> an OpenAI completion dict."""
         req = completion_request(prompt, sampling, stream=False)
         async for _kind, payload in self.verifier.options(stream=True).completions.remote(req):
+            if payload["status"] != 200:
+                raise VerifierError(payload["status"], _error_message(payload["body"]))
+            return payload["body"]
+        raise RuntimeError("empty response from the verifier")
+
+    async def chat(self, messages: list[dict[str, Any]], **sampling: Any) -> dict[str, Any]:
+        """``handle.chat.remote([{"role": "user", "content": [{"type": "image_url", "image_url": {"url":
+        cluster.images.data_url(img)}}, {"type": "text", "text": "..."}]}], max_tokens=16)`` -> an OpenAI chat
+        completion dict. Validated as an HTTP body would be (``BadRequest`` with the reason)."""
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        req = parse_request(json.dumps({"messages": messages, **sampling, "stream": False}).encode(),
+                            ChatCompletionRequest, self.config.max_n)
+        self._check_images(req)
+        async for _kind, payload in self.verifier.options(stream=True).chat.remote(req):
             if payload["status"] != 200:
                 raise VerifierError(payload["status"], _error_message(payload["body"]))
             return payload["body"]

@@ -25,6 +25,8 @@ ISOLATED = [
     "tests/cluster/test_drafter_pool.py",
     "tests/cluster/test_multinode.py",
     "tests/cluster/test_serve_deploy.py",
+    "tests/cluster/test_serve_multimodal.py",
+    "tests/actors/test_remote_multimodal.py",
 ]
 
 

@@ -305,8 +305,19 @@ class DrafterEngine:
         drafts[keep] = p.drafts
         return Proposal(drafts, p.cold, [keep[i] for i in p.hit_rows], p.branch_lookups, full)
 
-    def _pass(self, ids, hidden, batch: _Batch):
-        return self.head(ids, hidden, batch.on_device["positions"], CacheAttention(self.cache, batch, self.chunks))
+    def _pass(self, ids, hidden, batch: _Batch, mm: tuple[torch.Tensor, torch.Tensor] | None = None):
+        return self.head(ids, hidden, batch.on_device["positions"], CacheAttention(self.cache, batch, self.chunks),
+                         mm=mm)
+
+    def _mm_inputs(self, step: DraftStep) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The step's multimodal rows and embeddings on the device (None for a text-only step)."""
+        if not step.num_mm_rows:
+            return None
+        emb = torch.from_numpy(np.array(step.mm_embeds))  # a copy: the message's buffer is read-only
+        if step.hidden_dtype == "bfloat16":
+            emb = emb.view(torch.bfloat16)
+        rows = torch.from_numpy(np.asarray(step.mm_rows, dtype=np.int64)).to(self.device)
+        return rows, emb.to(self.device, self.dtype)
 
     def _context(self, step: DraftStep, hidden: torch.Tensor) -> tuple[_Chain, int]:
         """Pass 0: all rows of all sequences at once, writing their K/V; each sequence's last row starts a chain."""
@@ -321,7 +332,7 @@ class DrafterEngine:
         positions = (first_pos[row_seq] + row_local).clamp(max=self.max_model_len - 1)
         batch = _Batch(slots, row_seq, row_local, positions, int(counts.max()), self.device)
         ids = torch.from_numpy(step.input_ids.astype(np.int64)).to(self.device)
-        out, fed = self._pass(ids, self.head.combine(hidden.to(self.device, self.dtype)), batch)
+        out, fed = self._pass(ids, self.head.combine(hidden.to(self.device, self.dtype)), batch, self._mm_inputs(step))
         last = starts + counts - 1
         self.cache.wrote(slots, positions[last])
         last_d = last.to(self.device)
@@ -416,7 +427,7 @@ class DrafterEngine:
         if hidden.ndim != 2:
             raise BadStep(f"draft step: hidden must be [rows, width], got {list(hidden.shape)}")
         step.validate(hidden.shape[0], hidden.shape[1], self.spec.fused_hidden_size, self.spec.vocab_size,
-                      self.max_k)
+                      self.max_k, embed_width=self.spec.hidden_size)
         if self._pending is not None:
             self.after_step()
         self.free(step.finished)

@@ -10,6 +10,9 @@ head returned at the previous draft step:
     for layer: Llama 4 dense decoder layer     x = cat(e, hidden_norm(hidden)) -> attention (2H in) -> MLP
     out = norm(x + residual)                   out = norm(x + r); logits over the draft vocab, d2t -> target ids
     returns (out, out)                         returns (out, x + r)   # (for logits, fed back)
+
+Images: at the rows ``mm`` names, ``embed(ids)`` is replaced by the target's merged multimodal embedding (what
+vLLM's ``embed_input_ids(ids, multimodal_embeddings, is_multimodal)`` does for its EAGLE heads), in both kinds.
 """
 
 from __future__ import annotations
@@ -117,8 +120,12 @@ class DraftHead(nn.Module):
         hidden: torch.Tensor,  # [..., hidden_size]
         positions: torch.Tensor,  # [...]
         attend: AttendFn,
+        mm: tuple[torch.Tensor, torch.Tensor] | None = None,  # ([M] flat rows, [M, hidden_size] embeddings)
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (for logits, fed back), each [..., hidden_size]
         embeds = self.embed_tokens(input_ids)
+        if mm is not None and mm[0].numel():
+            flat = embeds.reshape(-1, embeds.shape[-1]).index_put((mm[0],), mm[1].to(embeds.dtype))
+            embeds = flat.view(embeds.shape)
         if self.method is DraftMethod.EAGLE:
             x = self.fc(torch.cat([embeds, hidden], dim=-1))
             residual = None

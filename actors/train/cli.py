@@ -1,8 +1,9 @@
-"""``python -m actors.train.cli {all,target,heads}``: makes the checkpoints shipped under ``models/``.
+"""``python -m actors.train.cli {all,target,heads,multimodal}``: makes the checkpoints shipped under ``models/``.
 
-    all     tokenizer + target + every head (what ``make models`` runs)
-    target  tokenizer + the Llama 4 target
-    heads   the EAGLE-1 and EAGLE-3 heads, on a target folder made before
+    all         tokenizer + target + every head (``make models`` runs it, then ``multimodal``)
+    target      tokenizer + the Llama 4 target
+    heads       the EAGLE-1 and EAGLE-3 heads, on a target folder made before
+    multimodal  ``llama4-tiny-mm``: the target with a random vision encoder (``actors.train.multimodal``)
 
 Every stage is seeded; progress bars show loss and tokens/s.
 """
@@ -183,9 +184,21 @@ def run_heads(args: argparse.Namespace) -> list[Path]:
     return written
 
 
+def run_multimodal(args: argparse.Namespace) -> Path:
+    from actors.train import multimodal
+
+    out_root = _out_dir(args.out)
+    target_dir = out_root / TARGET_DIR
+    if not (target_dir / "model.safetensors").is_file():
+        raise ValueError(f"--out: {target_dir} holds no target checkpoint; run the 'target' stage first")
+    out = multimodal.build(target_dir, out_root, seed=args.seed)
+    print(f"multimodal -> {out}")
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m actors.train.cli", description=__doc__.splitlines()[0])
-    p.add_argument("stage", choices=["all", "target", "heads"])
+    p.add_argument("stage", choices=["all", "target", "heads", "multimodal"])
     p.add_argument("--out", default="models", help="folder that receives the checkpoint folders")
     p.add_argument("--corpus", default=str(corpus.default_corpus_dir()), help="folder of .py files")
     p.add_argument("--seed", type=int, default=0)
@@ -207,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             run_target(args)
         if args.stage in ("all", "heads"):
             run_heads(args)
+        if args.stage == "multimodal":  # needs torchvision (transformers' Llama 4 processor): not part of "all"
+            run_multimodal(args)
     except (corpus.CorpusError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

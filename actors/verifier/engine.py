@@ -34,11 +34,12 @@ def verifier_kwargs(
     from actors.vllm_engine import engine_kwargs
 
     additional = dict(engine.pop("additional_config", None) or {})
+    ours = dict(additional.get(CONFIG_KEY) or {})  # e.g. {"mm_embeds": False}: draft from image placeholder ids
     if draft_client is None:
-        additional[CONFIG_KEY] = {"remote_drafter": False}
+        additional[CONFIG_KEY] = {**ours, "remote_drafter": False}
     else:
         refuse_unsupported(engine)
-        additional[CONFIG_KEY] = {"draft_client": dict(draft_client)}
+        additional[CONFIG_KEY] = {**ours, "draft_client": dict(draft_client)}
     if owner_pid is not None:
         additional[CONFIG_KEY]["owner_pid"] = owner_pid
     if ray_address is not None:

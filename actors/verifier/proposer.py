@@ -41,7 +41,7 @@ from vllm.v1.utils import CpuGpuBuffer
 from actors.messages import DraftStatus, DraftStep, SeqRole, SeqSlice
 from actors.metrics import SpecDecodeStats
 from actors.timing import ms_since
-from actors.verifier.client import DraftClient, check_drafts
+from actors.verifier.client import DraftClient, check_drafts, hidden_to_numpy
 
 logger = logging.getLogger(__name__)
 MAX_PER_REQUEST = 4096
@@ -109,8 +109,79 @@ class RemoteEagleProposer(EagleProposer):
         self.client = client
         self.is_driver = is_driver
         self.kv_cache_gid = 0
+        self.mm_rows_shipped = 0  # rows whose input embedding was the target's image embedding
+        self.ship_mm_embeds = True
+        self.mm_steps = 0  # steps whose propose() was handed image embeddings (the runner gathered them)
         self.state = ProposerState()
         self._finished: set[str] = set()  # finished by the scheduler, not yet sent to the drafters
+
+    # --- images ------------------------------------------------------------------------------------
+    # vLLM's runner gathers the image embeddings for the drafter (``_gather_mm_embeddings``, every step) when the
+    # target and the drafter both say ``supports_mm_inputs``. vLLM's own proposer decides that in ``load_model``
+    # (never called here); this one says yes only while a request of the batch still has image positions ahead of
+    # what it has computed, so text-only batches and decode steps gather nothing.
+    @property
+    def supports_mm_inputs(self) -> bool:
+        return self._mm_capable and self.ship_mm_embeds and self._batch_has_images_ahead()
+
+    @supports_mm_inputs.setter
+    def supports_mm_inputs(self, value: bool) -> None:  # set by vLLM's constructor: the target takes images
+        self._mm_capable = bool(value)
+
+    _mm_capable = False  # class defaults: for proposers built without __init__ (tests)
+    ship_mm_embeds = True
+    mm_steps = 0
+    mm_rows_shipped = 0
+
+    def _batch_has_images_ahead(self) -> bool:
+        runner = getattr(self, "runner", None)
+        if runner is None:
+            return False
+        requests = runner.requests
+        for rid in runner.input_batch.req_ids:
+            state = requests.get(rid)
+            if state is None or not state.mm_features:
+                continue
+            done = state.num_computed_tokens + 1  # the drafter's rows look one position ahead
+            if any(f.mm_position.offset + f.mm_position.length > done for f in state.mm_features):
+                return True
+        return False
+
+    def _mm_rows(
+        self,
+        mm_embed_inputs: tuple[list[torch.Tensor], torch.Tensor] | None,
+        rows: torch.Tensor,  # [num_kept] rows shipped, indices into the step's scheduled tokens (cpu)
+        num_tokens: int,
+        padded: bool = True,
+    ) -> tuple[np.ndarray, torch.Tensor | None]:
+        """The shipped rows (indices into ``rows``) whose input token is an image position, and their merged
+        embeddings ``[M, H]``: vLLM's ``(mm_embeds, is_mm_embed)`` (``is_mm_embed`` over the step's scheduled
+        tokens, shifted by one as the drafter's input ids are; the embeddings of its True rows, in order).
+
+        Worked example: is_mm_embed [0, 1, 1, 0, 1], embeds e1, e2, e3 (for rows 1, 2, 4); rows kept [0, 1, 4]
+        -> mm rows [1, 2] (kept rows 1 and 4), embeddings [e1, e3].
+
+        vLLM's non-padded path (``disable_padded_drafter_batch``) has dropped rejected rows before ``propose``, so
+        its rows no longer line up with the scheduled tokens whenever some were dropped: then no image rows are
+        shipped (the drafter embeds the placeholder ids; lossless either way)."""
+        none = np.zeros(0, np.int32), None
+        if not mm_embed_inputs:
+            return none
+        embeds, is_mm = mm_embed_inputs
+        if not embeds or is_mm is None:
+            return none
+        if is_mm.shape[0] < num_tokens or (not padded and is_mm.shape[0] != num_tokens):
+            return none
+        is_mm = is_mm[:num_tokens].cpu()
+        if not bool(is_mm.any()):
+            return none
+        flat = torch.cat([e.reshape(-1, e.shape[-1]) for e in embeds])  # [sum(is_mm), H]
+        order = torch.cumsum(is_mm.long(), 0) - 1  # index into flat of each True row
+        sel = is_mm[rows]
+        if not bool(sel.any()):
+            return none
+        picked = order[rows[sel]].to(flat.device)
+        return torch.nonzero(sel).flatten().numpy().astype(np.int32), flat[picked]
 
     # --- no draft model in this process --------------------------------------------------------------
     def load_model(self, target_model: torch.nn.Module) -> None:
@@ -186,6 +257,14 @@ class RemoteEagleProposer(EagleProposer):
             in_prefill = [False] * len(seqs)
         self._account(seqs, finished, k, in_prefill)
         step = DraftStep(self.state.steps, k, seqs, input_ids, finished)
+        # Padded layout (rows are the step's scheduled tokens), the one this project runs; vLLM gathers the image
+        # embeddings over the scheduled tokens too.
+        self.mm_steps += mm_embed_inputs is not None
+        mm_rows, mm_embeds = self._mm_rows(mm_embed_inputs, rows, int(qsl[-1]), token_indices_to_sample is not None)
+        if mm_embeds is not None:
+            step.mm_rows = mm_rows
+            step.mm_embeds, _ = hidden_to_numpy(mm_embeds.to(hidden.dtype))  # travels like the hidden rows
+            self.mm_rows_shipped += len(mm_rows)
         self.state.steps += 1
         try:
             result, timing = self.client.propose(step, hidden)

@@ -131,6 +131,8 @@ class RemoteDraftWorker(_PlatformWorker):
             _ensure_ray(cfg.get("ray_address"), spec.get("namespace"))
             client = build_client(spec)
         runner.drafter = RemoteEagleProposer(self.vllm_config, self.device, runner, client, is_driver)
+        # False only to measure drafting from image placeholder ids (what this project did before it shipped them)
+        runner.drafter.ship_mm_embeds = bool(cfg.get("mm_embeds", True))
 
     def _timed_local_propose(self, propose):
         def timed(**kwargs):  # the runner passes everything by keyword
@@ -150,6 +152,9 @@ class RemoteDraftWorker(_PlatformWorker):
             "is_driver": drafter.is_driver if isinstance(drafter, RemoteEagleProposer) else self.rank == 0,
             "steps": st.steps,
             "failures": st.failures,
+            # image rows shipped, and steps that were handed image embeddings (vLLM gathered them)
+            "mm_rows_shipped": getattr(drafter, "mm_rows_shipped", 0),
+            "mm_steps": getattr(drafter, "mm_steps", 0),
             "timings": [dataclasses.asdict(t) for t in st.timings],
             "per_request": {k: dataclasses.asdict(v) for k, v in st.per_request.items()},
             "branch_lookups": st.branch_lookups,

@@ -40,3 +40,30 @@ def test_stock_cpu_kernel_still_broken():
     out = torch.full((6,), 123.0)
     cpu_triton_utils._expand_kernel_impl(out, torch.tensor([0.7, 1.0]), torch.tensor([3, 6]), -1, 1)
     assert out.tolist() == [123.0] * 6
+
+
+def test_llama4_patch_embedding_gets_a_contiguous_input_for_one_tile():
+    """vLLM-CPU's oneDNN linear needs stride(-1) == 1; one tile's unfold().permute() is a view without it."""
+    import types
+
+    import pytest
+
+    pytest.importorskip("torchvision", reason="vLLM's mllama4 imports transformers' Llama 4 image processor")
+
+    from vllm.model_executor.models import mllama4
+
+    from actors.vllm_fixes import _contiguous_llama4_patches
+
+    _contiguous_llama4_patches()
+    _contiguous_llama4_patches()  # idempotent
+    seen = []
+
+    def linear(x):
+        seen.append(x.stride(-1))
+        return x @ torch.ones(x.shape[-1], 2), None
+
+    fake = types.SimpleNamespace(unfold=torch.nn.Unfold(kernel_size=(2, 2), stride=2), linear=linear)
+    out = mllama4.Llama4UnfoldConvolution.forward(fake, torch.arange(48.0).view(1, 3, 4, 4))
+    assert seen == [1] and out.shape == (1, 4, 2)
+    want = torch.nn.Unfold(kernel_size=(2, 2), stride=2)(torch.arange(48.0).view(1, 3, 4, 4)).permute(0, 2, 1)
+    assert torch.equal(out, want @ torch.ones(12, 2))
