@@ -35,7 +35,7 @@ test: $(STAMP)
 	$(PY) -m tests.run_isolated
 
 models: $(STAMP)
-	$(PY) -m actors.train.cli all --out models
+	$(PY) -m training.cli all --out models
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.colocated_acceptance

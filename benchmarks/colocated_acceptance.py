@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from actors.metrics import SpecDecodeStats, from_vllm_metrics
-from actors.train import corpus
 from actors.vllm_engine import make_llm
+from training import corpus
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 TARGET = MODELS / "llama4-tiny"

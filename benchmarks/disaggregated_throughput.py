@@ -80,7 +80,7 @@ def main() -> None:
     import ray
 
     from actors.drafter.actor import start_drafter_actor
-    from actors.train import corpus
+    from training import corpus
 
     prompts = corpus.heldout_prompts(corpus.default_corpus_dir(), args.num_prompts)
     ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)

@@ -34,10 +34,10 @@ def main(argv: list[str] | None = None) -> None:
     from ray import serve
 
     from actors.metrics import from_prometheus_text
-    from actors.train import corpus
     from cluster import deploy_yaml
     from cluster.app import build_app, build_drafter_app
     from cluster.config import APP_NAME, DRAFTER_APP_NAME
+    from training import corpus
 
     doc = deploy_yaml.load(Path(args.config))
     http = doc.get("http_options", {})

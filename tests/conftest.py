@@ -16,7 +16,7 @@ EAGLE3 = MODELS / "eagle3-llama4-tiny"
 
 
 def toy_target_spec():
-    from actors.train.target import TargetSpec
+    from training.target import TargetSpec
 
     return TargetSpec(
         vocab_size=300, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -26,7 +26,7 @@ def toy_target_spec():
 
 @pytest.fixture(scope="session")
 def toy_target():
-    from actors.train.target import build_model
+    from training.target import build_model
 
     torch.manual_seed(0)
     return build_model(toy_target_spec(), seed=0).eval()
@@ -37,7 +37,7 @@ def toy_heads(toy_target, tmp_path_factory):
     """(target dir, {name: head dir}) with random EAGLE-1 (1 and 2 layers) and EAGLE-3 heads."""
     from actors.eagle.checkpoint import save_head
     from actors.eagle.spec import head_spec_from_dict
-    from actors.train import heads
+    from training import heads
 
     root = tmp_path_factory.mktemp("toy")
     toy_target.save_pretrained(root / "target")

@@ -9,8 +9,8 @@ from collections import Counter
 import torch
 
 from actors.metrics import SpecDecodeStats, from_vllm_metrics
-from actors.train import corpus
 from tests.conftest import TARGET
+from training import corpus
 
 
 def prompts(n: int) -> list[str]:

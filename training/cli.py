@@ -1,4 +1,4 @@
-"""``python -m actors.train.cli {all,target,heads}``: makes the checkpoints shipped under ``models/``.
+"""``python -m training.cli {all,target,heads}``: makes the checkpoints shipped under ``models/``.
 
     all     tokenizer + target + every head (what ``make models`` runs)
     target  tokenizer + the Llama 4 target
@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from actors.eagle.checkpoint import save_head
 from actors.eagle.spec import head_spec_from_dict
-from actors.train import corpus, heads, target
+from training import corpus, heads, target
 
 TARGET_DIR = "llama4-tiny"
 
@@ -57,7 +57,7 @@ def _target_card(spec: target.TargetSpec, train: target.TrainSpec, final_loss: f
     return f"""# llama4-tiny
 
 A {spec.num_hidden_layers}-layer Hugging Face `Llama4ForCausalLM` (`model_type: llama4_text`) trained by
-`python -m actors.train.cli target` on the Python standard library's `.py` files (1 file in
+`python -m training.cli target` on the Python standard library's `.py` files (1 file in
 {corpus.HELDOUT_EVERY} held out). Made to exercise Llama 4's structure at toy scale, not to be useful.
 
 - hidden {spec.hidden_size}, {spec.num_attention_heads} heads, {spec.num_key_value_heads} KV heads, vocab
@@ -113,7 +113,7 @@ def _head_card(recipe: HeadRecipe, cfg: dict, train: heads.HeadTrainSpec, loss: 
         )
     return f"""# {recipe.name}
 
-Draft head for `../{TARGET_DIR}`, made by `python -m actors.train.cli heads`.
+Draft head for `../{TARGET_DIR}`, made by `python -m training.cli heads`.
 
 {kind}
 
@@ -184,7 +184,7 @@ def run_heads(args: argparse.Namespace) -> list[Path]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m actors.train.cli", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m training.cli", description=__doc__.splitlines()[0])
     p.add_argument("stage", choices=["all", "target", "heads"])
     p.add_argument("--out", default="models", help="folder that receives the checkpoint folders")
     p.add_argument("--corpus", default=str(corpus.default_corpus_dir()), help="folder of .py files")

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from actors.eagle.spec import head_spec_from_dict
-from actors.train import corpus, heads, target
 from tests.conftest import ROOT, toy_target_spec
+from training import corpus, heads, target
 
 
 def _rows(n: int = 6, seq: int = 32) -> torch.Tensor:
@@ -79,7 +79,7 @@ def test_inconsistent_target_sizes_are_refused():
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "actors.train.cli", *args, "--quiet"], cwd=ROOT, capture_output=True, text=True,
+        [sys.executable, "-m", "training.cli", *args, "--quiet"], cwd=ROOT, capture_output=True, text=True,
         timeout=300,
     )
 
