@@ -34,7 +34,7 @@ def drafters_serving() -> dict[str, int]:
     from ray.util.state import list_actors
 
     from cluster.config import DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT
-    from cluster.drafter_router import route_key
+    from cluster.drafter_pool.router import route_key
 
     handle = serve.get_deployment_handle(DRAFTER_DEPLOYMENT, app_name=DRAFTER_APP_NAME)
     steps = {}

@@ -42,6 +42,7 @@ from actors.eagle.compat import check_head_fits_target, target_text_config
 from actors.eagle.spec import HeadConfigError, HeadSpec, load_head_spec
 from actors.messages import MAX_SPECULATIVE_TOKENS
 from actors.verifier.options import refuse_unsupported
+from cluster.drafter_pool.autoscaling import DrafterLoadPolicy
 
 logger = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # the folder holding cluster/ and models/
@@ -171,7 +172,7 @@ class SpeculativeConfig(BaseModel):
 
 
 class AutoscalingConfig(_Strict):
-    """The drafter pool's size, on drafter load (``cluster.drafter_autoscaling.DrafterLoadPolicy``)."""
+    """The drafter pool's size, on drafter load (``cluster.drafter_pool.autoscaling.DrafterLoadPolicy``)."""
 
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(1, ge=1)
@@ -192,7 +193,7 @@ class AutoscalingConfig(_Strict):
                 exclude_none=True,
             ),
             "policy": {
-                "policy_function": "cluster.drafter_autoscaling:DrafterLoadPolicy",
+                "policy_function": DrafterLoadPolicy,
                 "policy_kwargs": {"target_sequences_per_replica": self.target_sequences_per_replica,
                                   "target_draft_ms": self.target_draft_ms},
             },

@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from cluster.config import DRAFTER_DEPLOYMENT, SpeculativeConfig, VerifierConfig
+from cluster.drafter_pool.client import SERVE_DRAFT_CLIENT
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class VerifierServer:
         # Before the engine exists: model runner V1 (the remote proposer hooks V1 only), vLLM-CPU's settings.
         set_engine_env(v.tensor_parallel_size, in_process=False)
         client = {
-            "client": "cluster.draft_client:ServeDraftClient",
+            "client": SERVE_DRAFT_CLIENT,
             "app_name": drafter_app,
             "deployment_name": DRAFTER_DEPLOYMENT,
         }

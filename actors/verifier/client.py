@@ -25,7 +25,7 @@ the step (vLLM rejects them; the output does not change) and move to another dra
 (*re-homed*; their new drafter masks the context it never saw).
 
 Where drafters come from is the subclass's business (``_discover``): ``ActorDraftClient`` has one named actor;
-``cluster.draft_client.ServeDraftClient`` finds the drafter replicas of a Ray Serve deployment. A client is named
+``cluster.drafter_pool.client.ServeDraftClient`` finds the drafter replicas of a Ray Serve deployment. A client is named
 by an import path in vLLM's ``additional_config`` (``build_client``), so this package never imports Serve.
 """
 

@@ -102,10 +102,10 @@ def replica_actors(deployment: str) -> list[dict[str, Any]]:
 
 
 def drafter_stats(replica_id: str) -> dict[str, Any]:
-    """One drafter replica's stats, routed to it by the pool's own router (``cluster.drafter_router``)."""
+    """One drafter replica's stats, routed to it by the pool's own router (``cluster.drafter_pool.router``)."""
     from ray import serve
 
-    from cluster.drafter_router import route_key
+    from cluster.drafter_pool.router import route_key
 
     handle = serve.get_deployment_handle(DRAFTER_DEPLOYMENT, app_name=DRAFTER_APP_NAME)
     return handle.options(session_id=route_key(replica_id, 0)).stats.remote().result(timeout_s=30)

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from benchmarks.serving import load_prompts
+from tests.cluster.drafter_pool.test_pool_serve import _check_exact, _load
 from tests.cluster.serve_helpers import APP, drafter_stats, replica_actors
-from tests.cluster.test_drafter_pool import _check_exact, _load
 from tests.conftest import EAGLE1, TARGET
 
 pytestmark = pytest.mark.slow

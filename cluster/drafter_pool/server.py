@@ -4,11 +4,11 @@ Undecorated (``cluster.app`` makes it a deployment with a one-bundle placement g
 resources, and autoscaling). Serve places, health-checks and scales the replicas; the replica starts its
 drafter actor in its own bundle (so the actor gets the replica's CPUs / GPU), and the actor dies with it (Ray
 ends an actor whose owner dies). Verifiers reach the actor straight by its handle, which ``attach`` hands out
-(``cluster.draft_client.ServeDraftClient``): a step's traffic never goes through Serve.
+(``cluster.drafter_pool.client.ServeDraftClient``): a step's traffic never goes through Serve.
 
 Health reflects real health: the actor is alive and answers a one-token draft. Load reports:
 ``record_routing_stats`` (active sequences, for the router's least-loaded choice) and
-``record_autoscaling_stats`` (active sequences and mean draft time, for ``cluster.drafter_autoscaling``).
+``record_autoscaling_stats`` (active sequences and mean draft time, for ``cluster.drafter_pool.autoscaling``).
 """
 
 from __future__ import annotations
