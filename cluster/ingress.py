@@ -43,6 +43,7 @@ from pydantic import ValidationError
 from cluster.admission import InflightLimit, Overloaded
 from cluster.api_key import ApiKey
 from cluster.http_guard import HttpGuard, error_body
+from cluster.verifier_reply import ReplyKind
 
 logger = logging.getLogger(__name__)
 
@@ -208,20 +209,19 @@ class Ingress:
 
     async def _relay(self, gen) -> Response:
         first = None
-        async for kind, payload in gen:
-            first = (kind, payload)
+        async for reply in gen:
+            first = reply
             break
         if first is None:
             return JSONResponse(error_body(500, "empty response from the verifier"), status_code=500)
-        kind, payload = first
-        if kind == "json":
-            return JSONResponse(payload["body"], status_code=payload["status"])
+        if first.kind is ReplyKind.JSON:
+            return JSONResponse(first.body, status_code=first.status)
 
         async def events() -> AsyncGenerator[str, None]:
-            yield payload
+            yield first.event
             try:
-                async for _, chunk in gen:
-                    yield chunk
+                async for reply in gen:
+                    yield reply.event
             except Exception as e:  # the verifier died or failed mid-stream: an error event, at once
                 status, message = error_status(e)
                 yield f"data: {json.dumps(error_body(status, message))}\n\n"
@@ -285,19 +285,19 @@ class Ingress:
     async def generate(self, prompt: str, **sampling: Any) -> dict[str, Any]:
         """``serve.get_app_handle(app).generate.remote("def f(", max_tokens=16)`` -> an OpenAI completion dict."""
         req = completion_request(prompt, sampling, stream=False)
-        async for _kind, payload in self.verifier.options(stream=True).completions.remote(req):
-            if payload["status"] != 200:
-                raise VerifierError(payload["status"], _error_message(payload["body"]))
-            return payload["body"]
+        async for reply in self.verifier.options(stream=True).completions.remote(req):
+            if reply.status != 200:
+                raise VerifierError(reply.status, _error_message(reply.body))
+            return reply.body
         raise RuntimeError("empty response from the verifier")
 
     async def _stream(self, prompt: str, sampling: dict[str, Any]) -> AsyncGenerator[tuple[str, str], None]:
         """(new text, finish reason or "") for each streamed chunk."""
         req = completion_request(prompt, sampling, stream=True)
-        async for kind, payload in self.verifier.options(stream=True).completions.remote(req):
-            if kind == "json":
-                raise VerifierError(payload["status"], _error_message(payload["body"]))
-            for line in payload.splitlines():
+        async for reply in self.verifier.options(stream=True).completions.remote(req):
+            if reply.kind is ReplyKind.JSON:
+                raise VerifierError(reply.status, _error_message(reply.body))
+            for line in reply.event.splitlines():
                 if (err := stream_error(line)) is not None:
                     raise err
                 if line.startswith("data: ") and line != "data: [DONE]":

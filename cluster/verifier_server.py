@@ -5,8 +5,8 @@ Undecorated; ``cluster.app`` binds it with a placement group of ``tensor_paralle
 runs in bundle 0). On GPUs at TP 1 the replica holds bundle 0's GPU and vLLM's engine-core process inherits it; at
 TP > 1 vLLM's Ray executor puts a worker on each bundle's GPU (``VerifierConfig.replica_gpus``, ``executor_backend``).
 The ingress calls ``completions`` / ``chat`` with a request already validated into vLLM's
-protocol models; both are async generators of ``(kind, payload)``: ``("json", dict)`` once for a whole
-response or an error (with its HTTP status), or ``("sse", str)`` for each server-sent event when streaming.
+protocol models; both are async generators of ``cluster.verifier_reply.VerifierReply``: one ``JSON`` reply for a
+whole response or an error (with its HTTP status), or one ``SSE`` reply for each server-sent event when streaming.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 from cluster.config import DRAFTER_DEPLOYMENT, SpeculativeConfig, VerifierConfig
 from cluster.drafter_pool.client import SERVE_DRAFT_CLIENT
+from cluster.verifier_reply import VerifierReply
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class VerifierServer:
         tasks = await self.engine.get_supported_tasks()
         await init_app_state(self.engine, self.state, vllm_cli_args(v.model, v.name), tasks)
 
-    async def _run(self, coro) -> AsyncGenerator[tuple[str, Any], None]:
+    async def _run(self, coro) -> AsyncGenerator[VerifierReply, None]:
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
         from vllm.exceptions import VLLMClientError
 
@@ -105,23 +106,22 @@ class VerifierServer:
             result = await coro
         except (VLLMClientError, ValueError) as e:  # the request's fault (vLLM's validation): a 4xx
             status = 404 if type(e).__name__ == "VLLMNotFoundError" else 400
-            yield "json", {"status": status, "body": {"error": {"message": str(e), "type": "BadRequestError",
-                                                                "param": getattr(e, "parameter", None),
-                                                                "code": status}}}
+            yield VerifierReply.json(status, {"error": {"message": str(e), "type": "BadRequestError",
+                                                        "param": getattr(e, "parameter", None), "code": status}})
             return
         if isinstance(result, ErrorResponse):
-            yield "json", {"status": result.error.code, "body": result.model_dump()}
+            yield VerifierReply.json(result.error.code, result.model_dump())
         elif hasattr(result, "model_dump"):
-            yield "json", {"status": 200, "body": result.model_dump(exclude_none=True)}
+            yield VerifierReply.json(200, result.model_dump(exclude_none=True))
         else:
             async for chunk in result:
-                yield "sse", chunk
+                yield VerifierReply.sse(chunk)
 
-    async def completions(self, request) -> AsyncGenerator[tuple[str, Any], None]:
+    async def completions(self, request) -> AsyncGenerator[VerifierReply, None]:
         async for item in self._run(self.state.openai_serving_completion.create_completion(request)):
             yield item
 
-    async def chat(self, request) -> AsyncGenerator[tuple[str, Any], None]:
+    async def chat(self, request) -> AsyncGenerator[VerifierReply, None]:
         async for item in self._run(self.state.openai_serving_chat.create_chat_completion(request)):
             yield item
 
