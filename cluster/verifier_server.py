@@ -16,6 +16,7 @@ import os
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from actors.metrics import ProposerStats
 from cluster.config import DRAFTER_DEPLOYMENT, SpeculativeConfig, VerifierConfig
 from cluster.drafter_pool.client import SERVE_DRAFT_CLIENT
 from cluster.verifier_reply import VerifierReply
@@ -30,31 +31,6 @@ def vllm_cli_args(model: str, served_model_name: str) -> Any:
 
     parser = make_arg_parser(FlexibleArgumentParser())
     return parser.parse_args(["--model", model, "--served-model-name", served_model_name])
-
-
-def pool_metrics_text(stats: dict[str, Any]) -> str:
-    """Prometheus counters from ``spec_stats``: the drafter pool as this verifier sees it."""
-    counters = [
-        ("eagle_cluster_draft_steps_total", "draft steps sent to the drafter pool", {"": stats["steps"]}),
-        ("eagle_cluster_draft_failures_total", "draft steps with a failed drafter (placeholders proposed)",
-         {"": stats["failures"]}),
-        ("eagle_cluster_rehomed_sequences_total", "sequences moved to another drafter replica",
-         {"": stats.get("client", {}).get("rehomed", 0)}),
-        ("eagle_cluster_branch_lookups_total", "sequences with drafts precomputed for their step (async drafting)",
-         {"": stats.get("branch_lookups", 0)}),
-        ("eagle_cluster_branch_hits_total", "sequences answered from precomputed drafts (async drafting)",
-         {"": stats.get("branch_hits", 0)}),
-    ]
-    by_source = stats.get("acceptance_by_source", {})
-    for name, key, help_text in (("drafts", "num_drafts", "verified draft runs"),
-                                 ("accepted_tokens", "num_accepted_tokens", "accepted draft tokens")):
-        counters.append((f"eagle_cluster_{name}_total", f"{help_text}, by where the drafts came from",
-                         {f'{{source="{src}"}}': s[key] for src, s in by_source.items()}))
-    lines = []
-    for name, help_text, values in counters:
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
-        lines += [f"{name}{labels} {value}" for labels, value in values.items()]
-    return "\n".join(lines) + "\n"
 
 
 class VerifierServer:
@@ -133,19 +109,16 @@ class VerifierServer:
         pool's as this verifier sees it (``eagle_cluster_*``)."""
         from prometheus_client import REGISTRY, generate_latest
 
-        return generate_latest(REGISTRY).decode() + pool_metrics_text(await self.spec_stats())
+        return generate_latest(REGISTRY).decode() + (await self.spec_stats()).prometheus()
 
-    async def spec_stats(self) -> dict[str, Any]:
+    async def spec_stats(self) -> ProposerStats:
         """The proposer's counters: drafter failures, steps, per-request acceptance (vLLM's names), and the draft
         client's (re-homed sequences, sequences per drafter replica, failure / re-home events)."""
-        rpc = await self.engine.collective_rpc("eagle_cluster_stats")
-        driver = next(r for r in rpc if r["is_driver"])
         from ray import serve
 
-        replica = serve.get_replica_context().replica_id.unique_id
-        keys = ("steps", "failures", "per_request", "client", "branch_lookups", "branch_hits",
-                "per_request_branch_hits", "acceptance_by_source")
-        return {"replica": replica, **{k: driver[k] for k in keys}}
+        stats = ProposerStats.of_driver(await self.engine.collective_rpc("eagle_cluster_stats"))
+        stats.replica = serve.get_replica_context().replica_id.unique_id
+        return stats
 
     async def step_timings(self, reset: bool = False) -> dict[str, list]:
         """Per-step timings since the last reset, for benchmarks: the proposer's (``timings``: how long each

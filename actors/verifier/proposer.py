@@ -39,7 +39,7 @@ from vllm.v1.spec_decode.eagle import EagleProposer
 from vllm.v1.utils import CpuGpuBuffer
 
 from actors.messages import DraftStatus, DraftStep, SeqRole, SeqSlice
-from actors.metrics import SpecDecodeStats
+from actors.metrics import ProposerStats, SpecDecodeStats
 from actors.timing import ms_since
 from actors.verifier.client import DraftClient, check_drafts
 
@@ -74,6 +74,10 @@ class ProposerState:
     branch_hits: int = 0
     per_request_hits: dict[str, int] = field(default_factory=dict)
     by_source: dict[str, SpecDecodeStats] = field(default_factory=dict)
+
+    def stats(self, client: dict | None = None) -> ProposerStats:
+        return ProposerStats(self.steps, self.failures, dict(self.per_request), self.branch_lookups, self.branch_hits,
+                             dict(self.per_request_hits), dict(self.by_source), dict(client or {}))
 
 
 def step_rows(

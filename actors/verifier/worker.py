@@ -148,15 +148,8 @@ class RemoteDraftWorker(_PlatformWorker):
         return {
             "remote": isinstance(drafter, RemoteEagleProposer),
             "is_driver": drafter.is_driver if isinstance(drafter, RemoteEagleProposer) else self.rank == 0,
-            "steps": st.steps,
-            "failures": st.failures,
+            **st.stats(drafter.client.stats() if hasattr(getattr(drafter, "client", None), "stats") else {}).to_dict(),
             "timings": [dataclasses.asdict(t) for t in st.timings],
-            "per_request": {k: dataclasses.asdict(v) for k, v in st.per_request.items()},
-            "branch_lookups": st.branch_lookups,
-            "branch_hits": st.branch_hits,
-            "per_request_branch_hits": dict(st.per_request_hits),
-            "acceptance_by_source": {k: dataclasses.asdict(v) for k, v in st.by_source.items()},
-            "client": drafter.client.stats() if hasattr(getattr(drafter, "client", None), "stats") else {},
             "forward_ms": list(self._forward_ms),  # execute_model: the target forward
             "sample_ms": list(self._sample_ms),  # sample_tokens: rejection sampling + propose
             "period_ms": list(self._period_ms),  # step to step, while busy

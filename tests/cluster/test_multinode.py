@@ -77,10 +77,10 @@ def test_verifiers_and_drafter_on_their_nodes_outputs_exact(nodes, reference):
     per_replica = {}
     for _ in range(40):  # Serve spreads these calls over both verifier replicas
         s = handle.spec_stats.remote().result(timeout_s=30)
-        per_replica[s["replica"]] = s
+        per_replica[s.replica] = s
         if len(per_replica) == 2:
             break
     assert len(per_replica) == 2
     for s in per_replica.values():  # each verifier drafted through the shared drafter, across nodes
-        assert s["steps"] > 0 and s["failures"] == 0
-        assert sum(r["num_accepted_tokens"] for r in s["per_request"].values()) > 0
+        assert s.steps > 0 and s.failures == 0
+        assert sum(r.num_accepted_tokens for r in s.per_request.values()) > 0

@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from actors.metrics import from_prometheus_text
+from actors.metrics import ProposerStats, from_prometheus_text
 from benchmarks.serving import load_prompts
 from tests.cluster.serve_helpers import HTTP, MODEL, cpu_config, drafter_stats, get, replica_actors, serve_run
 
@@ -96,7 +96,7 @@ def _spec():
     return from_prometheus_text(get("/metrics")[1].decode())
 
 
-def _spec_stats() -> dict:
+def _spec_stats() -> ProposerStats:
     from ray import serve
 
     return serve.get_deployment_handle("Verifier", app_name="eagle-cluster").spec_stats.remote().result(timeout_s=30)
@@ -129,7 +129,7 @@ def test_drafter_killed_under_32_streams(server, reference):
         if "kill" not in marks and elapsed > 3:
             # The verifier's own view (drafter id -> sequences homed): kill once both replicas hold some of its
             # sequences, so that what is measured is failing over to a drafter in use, not finding one.
-            homes = _spec_stats()["client"]["homes"]
+            homes = _spec_stats().client["homes"]
             if sum(1 for a in drafters if homes.get(a["replica_id"], 0) > 0) < 2:
                 assert elapsed < 30, f"the verifier's sequences are not on both drafters: {homes}"
                 return
@@ -145,11 +145,11 @@ def test_drafter_killed_under_32_streams(server, reference):
     marks["end"] = _spec()
     _check_exact(results, reference)
     assert "kill" in marks and "during" in marks, "the run ended before the kill and its aftermath"
-    events = [e for e in _spec_stats()["client"]["events"] if e[0] >= marks["kill"]]
+    events = [e for e in _spec_stats().client["events"] if e[0] >= marks["kill"]]
     failed = [t for t, kind, _ in events if kind == "failed"]
     rehomed = [t for t, kind, _ in events if kind == "rehomed"]
     # (a failed call first only if a step reached the dead replica before Serve noticed)
-    assert rehomed, (marks["homes"], events, _spec_stats()["client"])
+    assert rehomed, (marks["homes"], events, _spec_stats().client)
     recovery = min(rehomed) - marks["kill"]
     before = marks["before"] - marks["start"]
     during = marks["during"] - marks["before"]
