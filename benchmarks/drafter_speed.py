@@ -18,7 +18,7 @@ import gc
 import os
 import statistics
 
-from benchmarks.disaggregated_throughput import HEADS, TARGET
+from cluster.harness import HEADS, TARGET, heldout_prompts
 
 PIN_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1"}
 NAMESPACE = "bench-drafter-speed"
@@ -59,9 +59,7 @@ def main() -> None:
     import ray
 
     from actors.drafter.actor import start_drafter_actor
-    from training import corpus
-
-    prompts = corpus.heldout_prompts(corpus.default_corpus_dir(), args.num_prompts)
+    prompts = heldout_prompts(args.num_prompts)
     ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
     print(f"{len(prompts)} prompts x {args.max_tokens} tokens, k={K}, greedy; vLLM on core 0, drafter on core 1")
     print("method | batch | vLLM colocated draft ms (median) | drafter engine ms (median) | drafter / vLLM | steps")

@@ -20,7 +20,7 @@ import torch
 
 from actors.drafter.engine import DrafterEngine
 from actors.messages import DraftStep, SeqSlice
-from benchmarks.disaggregated_throughput import HEADS, TARGET
+from cluster.harness import HEADS, TARGET
 
 
 def make_step(step_id: int, batch: int, position: int, rows: int, k: int, width: int) -> tuple[DraftStep, torch.Tensor]:

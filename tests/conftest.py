@@ -1,18 +1,16 @@
-"""Shared fixtures: tiny random checkpoints in vLLM's layouts, and the shipped models' paths."""
+"""Shared fixtures: tiny random checkpoints in vLLM's layouts; the shipped models' paths are the harness's
+(``cluster.harness``), named here too for the tests."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-MODELS = ROOT / "models"
-TARGET = MODELS / "llama4-tiny"
-EAGLE1 = MODELS / "eagle-llama4-tiny-1l"
-EAGLE1_3L = MODELS / "eagle-llama4-tiny-3l"
-EAGLE3 = MODELS / "eagle3-llama4-tiny"
+from cluster.config import PROJECT_ROOT
+from cluster.harness import EAGLE1, EAGLE1_3L, EAGLE3, MODELS, TARGET
+
+ROOT = PROJECT_ROOT
+__all__ = ["EAGLE1", "EAGLE1_3L", "EAGLE3", "MODELS", "ROOT", "TARGET", "toy_target_spec"]
 
 
 def toy_target_spec():

@@ -18,8 +18,8 @@ import urllib.request
 import pytest
 
 from actors.metrics import ProposerStats, from_prometheus_text
-from benchmarks.serving import load_prompts
-from tests.cluster.serve_helpers import HTTP, MODEL, cpu_config, drafter_stats, get, replica_actors, serve_run
+from cluster.harness import HTTP, MODEL, cpu_yaml, drafter_stats, get, replica_actors, serve_run
+from tests.cluster.traffic import check_exact, send
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 64
@@ -34,62 +34,19 @@ POOL = {
 @pytest.fixture(scope="module")
 def reference() -> dict[str, list[int]]:
     """vLLM target-only greedy token ids for the prompts the tests send (before any server starts)."""
-    from vllm import SamplingParams
-
     from tests.actors import vllm_helpers as vh
 
-    prompts = load_prompts(None, NUM_PROMPTS)
-    ids, _ = vh.target_only(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
-    return dict(zip(prompts, ids, strict=True))
+    return vh.reference(NUM_PROMPTS, MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")
 def server(reference, tmp_path_factory):
     import ray
 
-    with serve_run(cpu_config(tmp_path_factory.mktemp("pool"), grpc=False, **POOL)) as proc:
+    with serve_run(cpu_yaml(tmp_path_factory.mktemp("pool") / "app.yaml", **POOL)) as proc:
         ray.init(address="auto", namespace="pool-test", log_to_driver=False)
         yield proc
         ray.shutdown()
-
-
-async def _one(client, prompt: str, max_tokens: int) -> tuple[str, list[int] | str]:
-    try:
-        out = await client.completions.create(
-            model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
-            extra_body={"ignore_eos": True, "return_token_ids": True},
-        )
-        return prompt, list(out.choices[0].token_ids)
-    except Exception as e:
-        return prompt, f"{type(e).__name__}: {e}"
-
-
-async def _load(prompts: list[str], concurrency: int, max_tokens: int = MAX_TOKENS, during=None):
-    """Send ``prompts`` at ``concurrency``; ``during(elapsed_s)`` is polled every 0.2 s meanwhile."""
-    from openai import AsyncOpenAI
-
-    client = AsyncOpenAI(base_url=HTTP + "/v1", api_key="unused", max_retries=0, timeout=300)
-    sem = asyncio.Semaphore(concurrency)
-
-    async def guarded(p):
-        async with sem:
-            return await _one(client, p, max_tokens)
-
-    start = time.time()
-    tasks = [asyncio.create_task(guarded(p)) for p in prompts]
-    while during is not None and not all(t.done() for t in tasks):
-        await asyncio.to_thread(during, time.time() - start)
-        await asyncio.sleep(0.2)
-    results = await asyncio.gather(*tasks)
-    await client.close()
-    return results
-
-
-def _check_exact(results, reference) -> None:
-    failed = [r for _, r in results if isinstance(r, str)]
-    assert not failed, failed[:3]
-    wrong = [p for p, ids in results if ids != reference[p]]
-    assert not wrong, f"{len(wrong)} outputs differ from target-only"
 
 
 def _spec():
@@ -112,8 +69,8 @@ def test_pool_scales_up_under_load_and_outputs_stay_exact(server, reference):
             if a["replica_id"] not in seen and drafter_stats(a["replica_id"])["steps"] > 0:
                 seen[a["replica_id"]] = elapsed
 
-    results = asyncio.run(_load(prompts, 32, during=watch))
-    _check_exact(results, reference)
+    results = asyncio.run(send(prompts, 32, MAX_TOKENS, during=watch))
+    check_exact(results, reference)
     assert len(seen) == 2, f"a second drafter never served traffic: {seen}"
     print(f"\nload increase -> second drafter serving traffic: {max(seen.values()):.1f} s")
 
@@ -141,9 +98,9 @@ def test_drafter_killed_under_32_streams(server, reference):
         elif "kill" in marks and "during" not in marks and time.time() - marks["kill"] > 2:
             marks["during"] = _spec()
 
-    results = asyncio.run(_load(list(reference) * 2, 32, during=kill_after))
+    results = asyncio.run(send(list(reference) * 2, 32, MAX_TOKENS, during=kill_after))
     marks["end"] = _spec()
-    _check_exact(results, reference)
+    check_exact(results, reference)
     assert "kill" in marks and "during" in marks, "the run ended before the kill and its aftermath"
     events = [e for e in _spec_stats().client["events"] if e[0] >= marks["kill"]]
     failed = [t for t, kind, _ in events if kind == "failed"]
@@ -172,7 +129,7 @@ def test_soak_500_requests_leaks_nothing(server, reference):
     rss_before = {a["replica_id"]: _rss_mb(a["pid"]) for a in drafters}
     prompts = [list(reference)[i % NUM_PROMPTS] for i in range(500)]
     start = time.time()
-    results = asyncio.run(_load(prompts, 32, max_tokens=16))
+    results = asyncio.run(send(prompts, 32, 16))
     took = time.time() - start
     errors = [r for _, r in results if isinstance(r, str)]
     assert not errors, errors[:3]
@@ -203,7 +160,7 @@ def test_verifier_killed_requests_end_with_503_then_it_serves_again(server, refe
     import json
     import threading
 
-    from tests.cluster.serve_helpers import post
+    from cluster.harness import post
 
     (verifier,) = replica_actors("Verifier")
     prompt = next(iter(reference))
