@@ -1,0 +1,78 @@
+"""Drafter actors without Ray, for the draft clients' tests: a fake actor whose calls return fake object refs, and
+``fake_ray`` to make ``ray.get`` / ``ray.wait`` read them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+
+from actors.messages import DraftResult, DraftStatus, DraftStep
+
+K = 2
+VOCAB = 100
+
+
+@dataclass
+class Ref:
+    """A fake ``ObjectRef``: ``ray.get`` returns ``value``, or raises ``error``."""
+
+    value: Any = None
+    error: Exception | None = None
+
+
+class Method:
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def remote(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+class FakeDrafter:
+    """A drafter actor: ``propose`` answers ``answer(step)`` (a ``DraftResult`` or an exception for ``ray.get``);
+    ``free`` and a step's ``finished`` record what it was asked to free (``free`` raises with ``free_raises``)."""
+
+    def __init__(self, answer, free_raises: bool = False) -> None:
+        self.answer, self.free_raises = answer, free_raises
+        self.freed: list[str] = []
+        self.propose = Method(self._propose)
+        self.free = Method(self._free)
+        self.branches = Method(lambda req_ids: Ref(error=AssertionError("no branches asked of a sync drafter")))
+
+    def _propose(self, step_bytes: bytes, hidden: np.ndarray) -> Ref:
+        step = DraftStep.unpack(step_bytes)
+        self.freed += step.finished  # as the engine does first thing
+        out = self.answer(step)
+        return Ref(error=out) if isinstance(out, Exception) else Ref(out.pack())
+
+    def _free(self, req_ids: list[str]) -> Ref:
+        if self.free_raises:
+            raise RuntimeError("actor handle unusable")
+        self.freed += req_ids
+        return Ref(0)
+
+
+def good(step: DraftStep) -> DraftResult:
+    return DraftResult(step.step_id, DraftStatus.OK, np.ones((len(step.seqs), K), np.int32))
+
+
+def out_of_vocab(step: DraftStep) -> DraftResult:
+    return DraftResult(step.step_id, DraftStatus.OK, np.full((len(step.seqs), K), VOCAB + 5, np.int32))
+
+
+def timed_out(step: DraftStep) -> Exception:
+    return ray.exceptions.GetTimeoutError("drafter too slow")
+
+
+def fake_ray(monkeypatch) -> None:
+    """``ray.get`` / ``ray.wait`` read fake refs (a test's ``monkeypatch``)."""
+    def get(ref: Ref, timeout: float | None = None) -> Any:
+        if ref.error is not None:
+            raise ref.error
+        return ref.value
+
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(ray, "wait", lambda refs, timeout=None: (list(refs), []))
