@@ -95,13 +95,13 @@ def _ids(value: object, name: str) -> np.ndarray:
     return np.frombuffer(value, dtype=np.int32)
 
 
-def _matrix(value: object, name: str) -> np.ndarray:
+def _array(value: object, name: str) -> np.ndarray:
     if not (isinstance(value, list) and len(value) == 2 and isinstance(value[1], bytes)):
         raise BadMessage(f"{name} must be [shape, int32 bytes]")
     shape, raw = [_int(n, name) for n in _list(value[0], name)], value[1]
-    if len(shape) != 2 or min(shape) < 0 or shape[0] * shape[1] * 4 != len(raw):
+    if any(n < 0 for n in shape) or int(np.prod(shape)) * 4 != len(raw):
         raise BadMessage(f"{name}: {len(raw)} bytes are no int32 array of shape {shape}")
-    return np.frombuffer(raw, dtype=np.int32).reshape(shape)
+    return np.frombuffer(raw, dtype=np.int32).reshape(shape)  # the shape asked for is the receiver's to check
 
 
 def _enum(cls: type[enum.Enum]) -> _Codec:
@@ -146,7 +146,7 @@ FLOAT = _Codec(float, _float)
 STR = _Codec(str, _str)
 INTS = _list_of(INT)
 INT32_IDS = _Codec(lambda a: np.asarray(a).astype(np.int32).tobytes(), _ids)  # [N]
-INT32_MATRIX = _Codec(lambda a: [list(a.shape), np.asarray(a).astype(np.int32).tobytes()], _matrix)  # [B, k]
+INT32_ARRAY = _Codec(lambda a: [list(np.shape(a)), np.asarray(a).astype(np.int32).tobytes()], _array)  # with its shape
 
 
 class _Message:
@@ -291,7 +291,7 @@ class DraftResult(_Message):
 
     step_id: int = wire(INT)
     status: DraftStatus = wire(_enum(DraftStatus))
-    draft_token_ids: np.ndarray = wire(INT32_MATRIX, key="drafts")  # [B, k] int32, rows in the step's order
+    draft_token_ids: np.ndarray = wire(INT32_ARRAY, key="drafts")  # [B, k] int32, rows in the step's order
     compute_ms: float = wire(FLOAT, default=0.0)
     error: str = wire(STR, default="")
     drafter_id: str = wire(STR, default="")  # who drafted (a pool's replica id), so a sequence can go back there

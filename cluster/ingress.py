@@ -57,6 +57,7 @@ INTERNAL_MESSAGE = "internal error (logged at the ingress)"
 # Fields vLLM accepts but that this deployment does not serve (they would be silently ignored or need
 # features not enabled here): refused with 400 rather than dropped.
 # min_p and logit_bias do not work with vLLM's speculative decoding (vLLM says so at start-up).
+DEFAULT_MAX_TOKENS = 16  # a gRPC request's max_tokens 0 (the proto's default): OpenAI's and vLLM's default
 UNSUPPORTED = {"suffix", "kv_transfer_params", "vllm_xargs", "cache_salt", "min_p", "logit_bias"}
 
 
@@ -318,7 +319,8 @@ class Ingress:
             raise BadRequest(501, "gRPC is not enabled for this application (ingress.grpc.enabled)")
         if not self.api_key.accepts(dict(grpc_context.invocation_metadata()).get("authorization")):
             raise BadRequest(401, "missing or wrong API key")
-        sampling: dict[str, Any] = {"max_tokens": request.max_tokens or 16, "temperature": request.temperature}
+        sampling: dict[str, Any] = {"max_tokens": request.max_tokens or DEFAULT_MAX_TOKENS,
+                                    "temperature": request.temperature}
         if request.top_p:
             sampling["top_p"] = request.top_p
         if request.HasField("seed"):

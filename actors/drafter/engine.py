@@ -72,6 +72,7 @@ class _Batch:
 
 # Attention scores one sdpa call may hold ([B, heads, query rows, keys]): a long prompt's context pass attends in
 # blocks of query rows under this, so a 32k-token prefill does not ask for 40 x 32k x 32k scores at once.
+DEFAULT_MAX_MODEL_LEN = 4096  # the longest sequence a drafter drafts for, unless configured
 MAX_SCORES = 2**28
 
 
@@ -183,7 +184,7 @@ class DrafterEngine:
     def __init__(
         self,
         head: DraftHead,
-        max_model_len: int = 4096,
+        max_model_len: int = DEFAULT_MAX_MODEL_LEN,
         max_num_seqs: int = 1024,
         device: str | torch.device = "cpu",
         branches: BranchConfig | None = None,

@@ -44,6 +44,7 @@ import torch
 from actors.messages import BranchEntry, BranchTable, DraftResult, DraftStatus, DraftStep, SeqRole
 
 logger = logging.getLogger(__name__)
+DRAFT_TIMEOUT_S = 10.0  # a draft call slower than this drafts nothing (its drafter is dropped), unless configured
 
 
 @dataclass
@@ -134,7 +135,7 @@ def plan_groups(req_ids: list[str], home: dict[str, str]) -> list[tuple[str, lis
 class DraftClient:
     """The pipelined client over a set of drafter links (see the module docstring). Subclasses find drafters."""
 
-    def __init__(self, timeout_s: float = 10.0, new_group_size: int = 4, wait_for_misses: float = 0.5,
+    def __init__(self, timeout_s: float = DRAFT_TIMEOUT_S, new_group_size: int = 4, wait_for_misses: float = 0.5,
                  vocab_size: int | None = None) -> None:
         """``vocab_size``: the target's; drafts outside it make their drafter a failed one.
 
@@ -362,7 +363,8 @@ class DraftClient:
 class ActorDraftClient(DraftClient):
     """One named drafter actor (``actors.drafter.actor.start_drafter_actor``)."""
 
-    def __init__(self, actor: str | Any, namespace: str | None = None, timeout_s: float = 30.0, **kw: Any) -> None:
+    def __init__(self, actor: str | Any, namespace: str | None = None, timeout_s: float = DRAFT_TIMEOUT_S,
+                 **kw: Any) -> None:
         super().__init__(timeout_s=timeout_s, **kw)
         self.actor_name, self.namespace = actor, namespace
 

@@ -146,7 +146,6 @@ class RemoteDraftWorker(_PlatformWorker):
         drafter = getattr(self.model_runner, "drafter", None)
         st = drafter.state if isinstance(drafter, RemoteEagleProposer) else ProposerState()
         return {
-            "remote": isinstance(drafter, RemoteEagleProposer),
             "is_driver": drafter.is_driver if isinstance(drafter, RemoteEagleProposer) else self.rank == 0,
             **st.stats(drafter.client.stats() if hasattr(getattr(drafter, "client", None), "stats") else {}).to_dict(),
             "timings": [dataclasses.asdict(t) for t in st.timings],

@@ -21,7 +21,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from actors.verifier.client import DraftClient
+from actors.verifier.client import DRAFT_TIMEOUT_S, DraftClient
 from cluster.drafter_pool.router import route_key
 
 logger = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ BLOCKING_BACKOFF_S = 10.0  # ...and, when none answered (the drafter application
 
 
 class ServeDraftClient(DraftClient):
-    def __init__(self, app_name: str, deployment_name: str, timeout_s: float = 10.0, new_group_size: int = 4,
+    def __init__(self, app_name: str, deployment_name: str, timeout_s: float = DRAFT_TIMEOUT_S, new_group_size: int = 4,
                  discover_period_s: float = 1.0, vocab_size: int | None = None) -> None:
         from ray import serve
 

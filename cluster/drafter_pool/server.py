@@ -17,13 +17,14 @@ import time
 from typing import Any
 
 from actors.drafter.actor import drafter_actor_class
+from actors.verifier.client import DRAFT_TIMEOUT_S
 
 
 class DrafterServer:
-    async def __init__(self, head_dir: str, target_dir: str, max_model_len: int = 4096, num_threads: int = 1,
+    async def __init__(self, head_dir: str, target_dir: str, max_model_len: int, num_threads: int = 1,
                    branches: dict[str, Any] | None = None, actor_options: dict[str, Any] | None = None,
                    cpu_affinity: list[int] | None = None, engine: dict[str, Any] | None = None,
-                   timeout_s: float = 10.0) -> None:
+                   timeout_s: float = DRAFT_TIMEOUT_S) -> None:
         """``actor_options``: the drafter actor's Ray resources (``num_cpus``, ``num_gpus``, ``resources``).
         ``engine``: the actor's ``dtype``, ``max_num_seqs``, ``kv_cache_gib`` and ``max_k``. ``timeout_s``: how
         long a verifier waits for a draft call here, handed to it with ``attach`` (a drafter setting that verifiers
