@@ -38,6 +38,13 @@ MODEL = "llama4-tiny"  # the served model name in deploy/cpu.yaml
 BIN = Path(sys.executable).parent  # ray, serve
 
 
+def add_head_args(parser: Any, batches: tuple[int, ...] = (1, 16)) -> None:
+    """The drafter benchmarks' shared options: ``--heads`` (shipped heads by method, default all) and ``--batch``
+    (batch sizes, each a run)."""
+    parser.add_argument("--heads", nargs="*", choices=list(HEADS), default=list(HEADS))
+    parser.add_argument("--batch", type=int, nargs="*", default=list(batches))
+
+
 # --- prompts ----------------------------------------------------------------------------------------------------
 def load_prompts(path: str | Path | None, n: int) -> list[str]:
     """``n`` prompts from a JSONL file (default: the shipped ``benchmarks/prompts.jsonl``; cycled if it holds
