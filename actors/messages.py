@@ -28,9 +28,10 @@ both with ``BadStep`` naming what is wrong; the drafter answers that as a ``FAIL
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable
 from dataclasses import Field, dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import msgpack
 import numpy as np
@@ -99,7 +100,7 @@ def _array(value: object, name: str) -> np.ndarray:
     if not (isinstance(value, list) and len(value) == 2 and isinstance(value[1], bytes)):
         raise BadMessage(f"{name} must be [shape, int32 bytes]")
     shape, raw = [_int(n, name) for n in _list(value[0], name)], value[1]
-    if any(n < 0 for n in shape) or int(np.prod(shape)) * 4 != len(raw):
+    if any(n < 0 for n in shape) or math.prod(shape) * 4 != len(raw):
         raise BadMessage(f"{name}: {len(raw)} bytes are no int32 array of shape {shape}")
     return np.frombuffer(raw, dtype=np.int32).reshape(shape)  # the shape asked for is the receiver's to check
 
@@ -160,7 +161,7 @@ class _Message:
                              use_bin_type=True)
 
     @classmethod
-    def unpack(cls, data: bytes) -> Any:
+    def unpack(cls, data: bytes) -> Self:
         """The message in ``data``, or ``cls._error``: not msgpack (truncated, trailing bytes), not a map with the
         fields ``pack`` writes, or a field of the wrong type."""
         try:
