@@ -70,9 +70,9 @@ class _Batch:
         }
 
 
+DEFAULT_MAX_MODEL_LEN = 4096  # the longest sequence a drafter drafts for, unless configured
 # Attention scores one sdpa call may hold ([B, heads, query rows, keys]): a long prompt's context pass attends in
 # blocks of query rows under this, so a 32k-token prefill does not ask for 40 x 32k x 32k scores at once.
-DEFAULT_MAX_MODEL_LEN = 4096  # the longest sequence a drafter drafts for, unless configured
 MAX_SCORES = 2**28
 
 
