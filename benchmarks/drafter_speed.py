@@ -1,6 +1,6 @@
 """The drafter engine's time per draft step against vLLM's own in-process draft of the same head, same batch.
 
-    python -m benchmarks.drafter_speed [--methods eagle eagle3] [--concurrency 1 16] [--num-prompts 16]
+    python -m benchmarks.drafter_speed [--heads eagle eagle3] [--batch 1 16] [--num-prompts 16]
         [--max-tokens 128]
 
 One core each, as devices of their own would be: vLLM colocated runs with its OpenMP threads on core 0
@@ -18,7 +18,7 @@ import gc
 import os
 import statistics
 
-from benchmarks.disaggregated_throughput import HEADS, TARGET
+from cluster.harness import HEADS, TARGET, add_head_args, heldout_prompts
 
 PIN_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1"}
 NAMESPACE = "bench-drafter-speed"
@@ -49,8 +49,7 @@ def run(method: str, remote: bool, prompts: list[str], concurrency: int, max_tok
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--methods", nargs="*", choices=list(HEADS), default=list(HEADS))
-    p.add_argument("--concurrency", type=int, nargs="*", default=[1, 16])
+    add_head_args(p)  # --batch: the verifier's max_num_seqs, every prompt submitted at once
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=128)
     args = p.parse_args()
@@ -59,16 +58,14 @@ def main() -> None:
     import ray
 
     from actors.drafter.actor import start_drafter_actor
-    from actors.train import corpus
-
-    prompts = corpus.heldout_prompts(corpus.default_corpus_dir(), args.num_prompts)
+    prompts = heldout_prompts(args.num_prompts)
     ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
     print(f"{len(prompts)} prompts x {args.max_tokens} tokens, k={K}, greedy; vLLM on core 0, drafter on core 1")
     print("method | batch | vLLM colocated draft ms (median) | drafter engine ms (median) | drafter / vLLM | steps")
-    for method in args.methods:
+    for method in args.heads:
         actor = start_drafter_actor(str(HEADS[method]), str(TARGET), name=f"drafter-{method}", namespace=NAMESPACE,
                                     num_threads=1, cpu_affinity=[1])
-        for c in args.concurrency:
+        for c in args.batch:
             local = run(method, False, prompts, c, args.max_tokens)
             remote = run(method, True, prompts, c, args.max_tokens)
             a, b = statistics.median(local), statistics.median(remote)

@@ -20,7 +20,7 @@ import torch
 
 from actors.drafter.engine import DrafterEngine
 from actors.messages import DraftStep, SeqSlice
-from benchmarks.disaggregated_throughput import HEADS, TARGET
+from cluster.harness import HEADS, TARGET, add_head_args
 
 
 def make_step(step_id: int, batch: int, position: int, rows: int, k: int, width: int) -> tuple[DraftStep, torch.Tensor]:
@@ -55,8 +55,7 @@ def measure(method: str, batch: int, steps: int, k: int, profile: bool) -> float
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--heads", nargs="*", choices=list(HEADS), default=list(HEADS))
-    p.add_argument("--batch", type=int, nargs="*", default=[1, 16])
+    add_head_args(p)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--profile", action="store_true")

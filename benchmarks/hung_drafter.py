@@ -21,20 +21,25 @@ import asyncio
 import gc
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from actors.metrics import SpecDecodeStats, from_prometheus_text
-from benchmarks.serving import load_prompts
-from benchmarks.serving_compare import stop, wait_healthy
-from cluster import deploy_yaml
-from cluster.config import APP_NAME, DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT
-
-BASE = "http://127.0.0.1:8000"
-MODEL = "llama4-tiny"
+from actors.metrics import ProposerStats, SpecDecodeStats, from_prometheus_text
+from cluster.config import APP_NAME
+from cluster.harness import HTTP as BASE
+from cluster.harness import (
+    MODEL,
+    TARGET,
+    cpu_yaml,
+    drafter_stats,
+    load_prompts,
+    replica_actors,
+    serve_command,
+    stop,
+    wait_healthy,
+)
+from cluster.harness import start as start_server
 
 
 def reference(prompts: list[str], max_tokens: int) -> dict[str, list[int]]:
@@ -43,7 +48,7 @@ def reference(prompts: list[str], max_tokens: int) -> dict[str, list[int]]:
 
     from actors.vllm_engine import make_llm
 
-    target = deploy_yaml.app_args(deploy_yaml.with_changes(deploy_yaml.load(), absolute=True))["verifier"]["model"]
+    target = str(TARGET)
     llm = make_llm(target)
     try:
         outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
@@ -64,7 +69,8 @@ def verifier_client_stats() -> dict:
     from ray import serve
 
     handle = serve.get_deployment_handle("Verifier", app_name=APP_NAME)
-    return handle.spec_stats.remote().result(timeout_s=30)["client"]
+    stats: ProposerStats = handle.spec_stats.remote().result(timeout_s=30)
+    return stats.client
 
 
 def warm_up(num_drafters: int, timeout_s: float = 180) -> None:
@@ -85,19 +91,7 @@ def warm_up(num_drafters: int, timeout_s: float = 180) -> None:
 
 def drafter_actor_pids() -> dict[str, int]:
     """Drafter replica id -> the pid of its drafter actor (asked of each replica through the pool's router)."""
-    from ray import serve
-    from ray.util.state import list_actors
-
-    from cluster.drafter_router import route_key
-
-    handle = serve.get_deployment_handle(DRAFTER_DEPLOYMENT, app_name=DRAFTER_APP_NAME)
-    replicas = list_actors(filters=[("class_name", "=", f"ServeReplica:{DRAFTER_APP_NAME}:{DRAFTER_DEPLOYMENT}"),
-                                    ("state", "=", "ALIVE")])
-    out = {}
-    for a in replicas:
-        rid = a.name.rsplit("#", 1)[-1]
-        out[rid] = handle.options(session_id=route_key(rid, 0)).stats.remote().result(timeout_s=30)["pid"]
-    return out
+    return {a["replica_id"]: drafter_stats(a["replica_id"])["pid"] for a in replica_actors("Drafter")}
 
 
 async def streams(prompts: list[str], ref: dict[str, list[int]], n: int, max_tokens: int, until, on_tick) -> dict:
@@ -155,12 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     prompts = load_prompts(None, args.num_prompts)
     ref = reference(prompts, args.max_tokens)
     with tempfile.TemporaryDirectory() as tmp:
-        doc = deploy_yaml.with_changes(deploy_yaml.load(), absolute=True,
-                                       drafter={"num_replicas": 2, "num_cpus": 0.5})
-        path = deploy_yaml.write(doc, Path(tmp) / "hung.yaml")
-        proc = subprocess.Popen([str(Path(sys.executable).parent / "serve"), "run", str(path)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, "RAY_DEDUP_LOGS": "0"})
+        path = cpu_yaml(Path(tmp) / "hung.yaml", drafter={"num_replicas": 2, "num_cpus": 0.5})
+        proc = start_server(serve_command(path))
         try:
             wait_healthy(proc, BASE)
             ray.init(address="auto", namespace="hung-drafter", log_to_driver=False)

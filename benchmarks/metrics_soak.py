@@ -15,8 +15,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -24,12 +22,9 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks.overload import memory
-from benchmarks.serving import load_prompts
-from benchmarks.serving_compare import stop, wait_healthy
-from cluster import deploy_yaml
-
-BASE = "http://127.0.0.1:8000"
-MODEL = "llama4-tiny"
+from cluster.harness import HTTP as BASE
+from cluster.harness import MODEL, cpu_yaml, load_prompts, serve_command, stop, wait_healthy
+from cluster.harness import start as start_server
 
 
 class Scraper(threading.Thread):
@@ -85,11 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     prompts = load_prompts(None, args.num_prompts)
     mem: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        path = deploy_yaml.write(deploy_yaml.with_changes(deploy_yaml.load(), absolute=True),
-                                 Path(tmp) / "soak.yaml")
-        proc = subprocess.Popen([str(Path(sys.executable).parent / "serve"), "run", str(path)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, "RAY_DEDUP_LOGS": "0"})
+        proc = start_server(serve_command(cpu_yaml(Path(tmp) / "soak.yaml")))
         try:
             wait_healthy(proc, BASE)
             scraper = Scraper()

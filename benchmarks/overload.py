@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -25,10 +23,8 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.serving import load_prompts
-from benchmarks.serving_compare import stop, wait_healthy
-from cluster import deploy_yaml
 from cluster.config import APP_NAME, DRAFTER_APP_NAME
+from cluster.harness import cpu_yaml, load_prompts, serve_command, start, stop, wait_healthy
 
 BASE = "http://127.0.0.1:8000"
 MODEL = "llama4-tiny"
@@ -111,12 +107,8 @@ def main(argv: list[str] | None = None) -> None:
 
     prompts = load_prompts(None, args.num_prompts)
     with tempfile.TemporaryDirectory() as tmp:
-        doc = deploy_yaml.with_changes(deploy_yaml.load(), absolute=True,
-                                       ingress={"max_inflight_requests": args.limit})
-        path = deploy_yaml.write(doc, Path(tmp) / "overload.yaml")
-        proc = subprocess.Popen([str(Path(sys.executable).parent / "serve"), "run", str(path)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, "RAY_DEDUP_LOGS": "0"})
+        path = cpu_yaml(Path(tmp) / "overload.yaml", ingress={"max_inflight_requests": args.limit})
+        proc = start(serve_command(path))
         try:
             wait_healthy(proc, BASE)
             reference = {}

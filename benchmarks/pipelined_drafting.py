@@ -24,14 +24,15 @@ import json
 import multiprocessing
 import os
 import statistics
-import subprocess
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from benchmarks.serving import load_prompts, run
-from benchmarks.serving_compare import ROOT, cluster_server, stop, vllm_server, wait_healthy
+from benchmarks.serving import run
+from benchmarks.serving_compare import cluster_server, vllm_server
+from cluster.config import PROJECT_ROOT as ROOT
+from cluster.harness import load_prompts, start, stop, wait_healthy
 
 MODES = ["target-only", "colocated-eagle", "colocated-eagle3", "cluster-eagle", "cluster-eagle3",
          "cluster-eagle3-sync"]
@@ -87,8 +88,7 @@ def measure(mode: str, pinned: bool, prompts: list[str], args, tmp: Path) -> dic
     ASYNC_SETTINGS.update(args.async_drafting)
 
     cmd, base, env = server(mode, pinned, tmp)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = start(cmd, env=env)
     is_cluster = mode.startswith("cluster")
     out: dict[str, dict] = {}
     try:

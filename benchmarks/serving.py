@@ -26,6 +26,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from actors.metrics import SpecDecodeStats, from_prometheus_text
+from cluster.harness import load_prompts
 
 
 @dataclass
@@ -100,24 +101,6 @@ def percentiles(xs: list[float]) -> dict[str, float]:
         "median": statistics.median(xs) * 1e3,
         "p99": xs[min(len(xs) - 1, int(round(0.99 * (len(xs) - 1))))] * 1e3,
     }
-
-
-SHIPPED_PROMPTS = Path(__file__).resolve().parent / "prompts.jsonl"
-
-
-def load_prompts(path: str | None, n: int) -> list[str]:
-    """``n`` prompts from a JSONL file (cycled if it holds fewer)."""
-    path = Path(path) if path else SHIPPED_PROMPTS
-    if not path.is_file():
-        raise SystemExit(f"error: --prompts {path} is not a file")
-    try:
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"error: --prompts {path}: not JSONL ({e})") from None
-    prompts = [r["prompt"] if isinstance(r, dict) and "prompt" in r else str(r) for r in rows]
-    if not prompts:
-        raise SystemExit(f"error: --prompts {path} holds no prompts")
-    return [prompts[i % len(prompts)] for i in range(n)]
 
 
 BRANCH_COUNTERS = {"lookups": "eagle_cluster_branch_lookups_total", "hits": "eagle_cluster_branch_hits_total"}

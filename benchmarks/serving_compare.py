@@ -17,20 +17,15 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from dataclasses import asdict
 from pathlib import Path
 
-from benchmarks.serving import load_prompts, run
+from benchmarks.serving import run
+from cluster.config import PROJECT_ROOT as ROOT
+from cluster.harness import HEADS, HTTP, TARGET, head_yaml, load_prompts, serve_command, start, stop, wait_healthy
 
-ROOT = Path(__file__).resolve().parent.parent
-MODELS = ROOT / "models"
-HEADS = {"eagle": MODELS / "eagle-llama4-tiny-1l", "eagle3": MODELS / "eagle3-llama4-tiny"}
 MODES = ["target-only", "colocated-eagle", "colocated-eagle3", "cluster-eagle", "cluster-eagle3",
          "cluster-eagle-async", "cluster-eagle3-async"]
 DEFAULT_MODES = MODES[:5]  # pipelined (async) drafting has its own: benchmarks/pipelined_drafting.py
@@ -39,7 +34,7 @@ VLLM_PORT = 8001
 
 def vllm_server(method: str | None) -> tuple[list[str], str]:
     cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODELS / "llama4-tiny"),
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(TARGET),
         "--served-model-name", "llama4-tiny", "--host", "127.0.0.1", "--port", str(VLLM_PORT),
         "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "32", "--enforce-eager",
         "--no-enable-prefix-caching", "--worker-cls", "actors.verifier.worker.RemoteDraftWorker",
@@ -53,37 +48,7 @@ def vllm_server(method: str | None) -> tuple[list[str], str]:
 
 def cluster_server(method: str, tmp: Path, drafter: dict | None = None, name: str = "") -> tuple[list[str], str]:
     """``serve run`` of ``deploy/cpu.yaml`` with this head (and ``drafter`` settings merged in)."""
-    from cluster import deploy_yaml
-
-    doc = deploy_yaml.with_changes(deploy_yaml.load(), drafter=drafter, absolute=True,
-                                   speculative_config={"method": method, "model": str(HEADS[method])})
-    path = deploy_yaml.write(doc, tmp / f"cluster-{method}{name}.yaml")
-    return [str(Path(sys.executable).parent / "serve"), "run", str(path)], "http://127.0.0.1:8000"
-
-
-def wait_healthy(proc: subprocess.Popen, base: str, timeout_s: float = 600) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(2)
-    raise TimeoutError("server not healthy")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGINT)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"], capture_output=True)
+    return serve_command(head_yaml(method, tmp, drafter, name)), HTTP
 
 
 def plots(results: dict, out: Path) -> None:
@@ -142,8 +107,7 @@ def main() -> None:
                 cmd, base = cluster_server(method, Path(tmp), drafter, name=variant)
             else:
                 cmd, base = vllm_server(None if kind == "target" else method)
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc = start(cmd, env=env)
             try:
                 wait_healthy(proc, base)
                 asyncio.run(run(base, prompts[:4], 8, 4, None, f"{mode} warm-up", quiet=True))

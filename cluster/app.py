@@ -4,10 +4,10 @@
     Ingress (HTTP, gRPC, handle) ──handle──► Verifier (vLLM AsyncLLM, TP bundles) ──actor calls──► drafter actors
                                                                       ──handle (attach)──► Drafter (1..M replicas)
 
-Each drafter replica owns the drafter actor its bundle's resources go to (``cluster.drafter_server``); verifiers
+Each drafter replica owns the drafter actor its bundle's resources go to (``cluster.drafter_pool.server``); verifiers
 learn the actors through ``attach`` on the drafter application's deployment, routed by
-``cluster.drafter_router.SequenceAffinityRouter``, and call them straight. With ``autoscaling_config`` the pool
-scales with ``cluster.drafter_autoscaling.DrafterLoadPolicy``.
+``cluster.drafter_pool.router.SequenceAffinityRouter``, and call them straight. With ``autoscaling_config`` the pool
+scales with ``cluster.drafter_pool.autoscaling.DrafterLoadPolicy``.
 
 Why two applications: Serve versions every deployment of an application by a hash of the application's whole
 ``args`` (``ray.serve._private.deploy_utils.get_app_code_version``), so in one application any drafter change
@@ -33,7 +33,8 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
 from cluster.config import DRAFTER_DEPLOYMENT, DrafterPoolConfig, EagleClusterConfig
-from cluster.drafter_server import DrafterServer
+from cluster.drafter_pool.router import SequenceAffinityRouter
+from cluster.drafter_pool.server import DrafterServer
 from cluster.ingress import Ingress
 from cluster.verifier_server import VerifierServer
 
@@ -55,7 +56,7 @@ def build_drafter_app(args: dict[str, Any]) -> Application:
         "health_check_period_s": 5,
         "max_ongoing_requests": d.max_ongoing_requests,
         "request_router_config": RequestRouterConfig(
-            request_router_class="cluster.drafter_router:SequenceAffinityRouter",
+            request_router_class=SequenceAffinityRouter,
             request_routing_stats_period_s=1.0,
             request_routing_stats_timeout_s=5.0,
         ),

@@ -38,10 +38,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator, model_validator
 
+from actors.drafter.engine import DEFAULT_MAX_MODEL_LEN
 from actors.eagle.compat import check_head_fits_target, target_text_config
 from actors.eagle.spec import HeadConfigError, HeadSpec, load_head_spec
 from actors.messages import MAX_SPECULATIVE_TOKENS
+from actors.verifier.client import DRAFT_TIMEOUT_S
 from actors.verifier.options import refuse_unsupported
+from cluster.drafter_pool.autoscaling import DrafterLoadPolicy
 
 logger = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # the folder holding cluster/ and models/
@@ -171,7 +174,7 @@ class SpeculativeConfig(BaseModel):
 
 
 class AutoscalingConfig(_Strict):
-    """The drafter pool's size, on drafter load (``cluster.drafter_autoscaling.DrafterLoadPolicy``)."""
+    """The drafter pool's size, on drafter load (``cluster.drafter_pool.autoscaling.DrafterLoadPolicy``)."""
 
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(1, ge=1)
@@ -192,7 +195,7 @@ class AutoscalingConfig(_Strict):
                 exclude_none=True,
             ),
             "policy": {
-                "policy_function": "cluster.drafter_autoscaling:DrafterLoadPolicy",
+                "policy_function": DrafterLoadPolicy,
                 "policy_kwargs": {"target_sequences_per_replica": self.target_sequences_per_replica,
                                   "target_draft_ms": self.target_draft_ms},
             },
@@ -252,8 +255,8 @@ class DrafterConfig(_Strict):
                                           "draft KV slot (its verifier died, its free was lost); null: never")
     cpu_affinity: list[NonNegativeInt] | None = Field(
         None, min_length=1, description="bind each drafter's process to these cores (a drafter with cores of its own)")
-    timeout_s: float = Field(10.0, gt=0, description="the longest a verifier step waits for a drafter (it waits "
-                             "ten step periods, at least 1 s, when it knows the step period)")
+    timeout_s: float = Field(DRAFT_TIMEOUT_S, gt=0, description="the longest a verifier step waits for a drafter "
+                             "(it waits ten step periods, at least 1 s, when it knows the step period)")
     max_ongoing_requests: int = Field(32, ge=1, description="concurrent draft calls per replica (all verifiers)")
     async_drafting: AsyncDraftingConfig = Field(default_factory=AsyncDraftingConfig)
     max_speculative_tokens: int = Field(
@@ -320,8 +323,8 @@ class DrafterPoolConfig(DrafterConfig):
 
     target: str = Field(description="the verifier's model (the drafter reads its embeddings / lm_head)")
     head: str = Field(description="the EAGLE / EAGLE-3 head: the verifier's speculative_config.model")
-    max_model_len: int = Field(4096, ge=16, description="the longest sequence drafted for: the verifier's "
-                               "max_model_len or more (the last positions get no drafts past it)")
+    max_model_len: int = Field(DEFAULT_MAX_MODEL_LEN, ge=16, description="the longest sequence drafted for: the "
+                               "verifier's max_model_len or more (the last positions get no drafts past it)")
 
     @field_validator("target", "head")
     @classmethod

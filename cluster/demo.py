@@ -34,10 +34,10 @@ def main(argv: list[str] | None = None) -> None:
     from ray import serve
 
     from actors.metrics import from_prometheus_text
-    from actors.train import corpus
     from cluster import deploy_yaml
     from cluster.app import build_app, build_drafter_app
     from cluster.config import APP_NAME, DRAFTER_APP_NAME
+    from cluster.harness import heldout_prompts
 
     doc = deploy_yaml.load(Path(args.config))
     http = doc.get("http_options", {})
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"serving at {BASE}/v1 after {time.time() - t0:.0f} s", flush=True)
         client = OpenAI(base_url=f"{BASE}/v1", api_key="none")
         model = client.models.list().data[0].id
-        prompts = corpus.heldout_prompts(corpus.default_corpus_dir(), args.num_prompts)
+        prompts = heldout_prompts(args.num_prompts)
         for prompt in prompts:
             out = client.completions.create(model=model, prompt=prompt, max_tokens=args.max_tokens, temperature=0)
             print("-" * 72)

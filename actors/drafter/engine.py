@@ -70,6 +70,7 @@ class _Batch:
         }
 
 
+DEFAULT_MAX_MODEL_LEN = 4096  # the longest sequence a drafter drafts for, unless configured
 # Attention scores one sdpa call may hold ([B, heads, query rows, keys]): a long prompt's context pass attends in
 # blocks of query rows under this, so a 32k-token prefill does not ask for 40 x 32k x 32k scores at once.
 MAX_SCORES = 2**28
@@ -161,21 +162,29 @@ class _Chain:
     draft_ids: list[torch.Tensor] = field(default_factory=list)  # the same in the head's draft vocabulary
 
 
+class _Rows(NamedTuple):
+    """Some sequences of a step, kept for ``after_step``: their sub-step, hidden rows and the drafts served."""
+
+    step: DraftStep
+    hidden: torch.Tensor
+    served: torch.Tensor | None = None  # [H, k] (hits); None: nothing was served (CONTEXT sequences)
+
+
 @dataclass
 class _Pending:
     """What ``after_step`` has to do for the step just answered."""
 
     k: int
     chains: list[_Chain] = field(default_factory=list)  # sequences drafted on demand (their drafts were served)
-    fold: tuple[DraftStep, torch.Tensor, torch.Tensor] | None = None  # hits: (sub-step, hidden rows, [H, k] served)
-    context: tuple[DraftStep, torch.Tensor] | None = None  # CONTEXT sequences: (sub-step, hidden rows)
+    fold: _Rows | None = None  # hits: their real rows replace the predicted features, and the served drafts replay
+    context: _Rows | None = None  # CONTEXT sequences: rows added to the cache
 
 
 class DrafterEngine:
     def __init__(
         self,
         head: DraftHead,
-        max_model_len: int = 4096,
+        max_model_len: int = DEFAULT_MAX_MODEL_LEN,
         max_num_seqs: int = 1024,
         device: str | torch.device = "cpu",
         branches: BranchConfig | None = None,
@@ -471,10 +480,10 @@ class DrafterEngine:
         if hits:
             drafts[hits] = torch.tensor(hit_drafts, dtype=torch.long)
             sub, rows = step.select(hits)
-            pending.fold = (sub, hidden[torch.from_numpy(rows)].clone(), drafts[hits])
+            pending.fold = _Rows(sub, hidden[torch.from_numpy(rows)].clone(), drafts[hits])
         if context:
             sub, rows = step.select(context)
-            pending.context = (sub, hidden[torch.from_numpy(rows)].clone())
+            pending.context = _Rows(sub, hidden[torch.from_numpy(rows)].clone())
         self._pending = pending if precompute else None
         return Proposal(drafts, cold, hits, lookups)
 
@@ -488,13 +497,12 @@ class DrafterEngine:
         p, self._pending = self._pending, None
         chains = list(p.chains)
         if p.fold is not None:
-            sub, hidden, served = p.fold
-            chain, _ = self._context(sub, hidden)
-            served = served.to(self.device)
+            chain, _ = self._context(p.fold.step, p.fold.hidden)
+            served = p.fold.served.to(self.device)
             self._draft(chain, p.k, forced=(served, self.head.to_draft_ids(served)))
             chains.append(chain)
         if p.context is not None:
-            chain, _ = self._context(*p.context)  # s = 0: nothing was served
+            chain, _ = self._context(p.context.step, p.context.hidden)  # s = 0: nothing was served
             chains.append(chain)
         return self._branches(chains, p.k)
 

@@ -5,7 +5,7 @@ chunked local attention on Llama 4 RoPE layers.
 Attention is split in two so that the caller owns the keys and values: ``DraftAttention.qkv`` projects the new
 tokens, the caller's ``AttendFn`` places their K/V (a training mask, or the drafter's KV cache) and returns the
 attention output, and ``DraftAttention.out`` projects it back. The same layer weights thus serve the training
-loop (``actors.train.heads``) and the drafter engine.
+loop (``training.heads``) and the drafter engine.
 """
 
 from __future__ import annotations

@@ -46,7 +46,6 @@ class HeadSpec:
     draft_vocab_size: int
     rms_norm_eps: float
     rope: RopeSpec
-    max_position_embeddings: int
     # Llama 4 specifics (EAGLE-1 heads); per draft layer.
     use_rope: tuple[bool, ...] = ()
     use_qk_norm: bool = False
@@ -134,7 +133,6 @@ def head_spec_from_dict(cfg: dict[str, Any]) -> HeadSpec:
         draft_vocab_size=int(cfg.get("draft_vocab_size") or vocab),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
         rope=_rope(cfg),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 8192)),
         raw=dict(cfg),
     )
     if method is DraftMethod.EAGLE:

@@ -25,7 +25,7 @@ the step (vLLM rejects them; the output does not change) and move to another dra
 (*re-homed*; their new drafter masks the context it never saw).
 
 Where drafters come from is the subclass's business (``_discover``): ``ActorDraftClient`` has one named actor;
-``cluster.draft_client.ServeDraftClient`` finds the drafter replicas of a Ray Serve deployment. A client is named
+``cluster.drafter_pool.client.ServeDraftClient`` finds the drafter replicas of a Ray Serve deployment. A client is named
 by an import path in vLLM's ``additional_config`` (``build_client``), so this package never imports Serve.
 """
 
@@ -45,6 +45,7 @@ from actors.messages import BranchEntry, BranchTable, DraftResult, DraftStatus, 
 from actors.verifier.drafter_health import Quarantine, StepDeadline
 
 logger = logging.getLogger(__name__)
+DRAFT_TIMEOUT_S = 10.0  # a draft call slower than this drafts nothing (its drafter is dropped), unless configured
 
 
 @dataclass
@@ -135,7 +136,7 @@ def plan_groups(req_ids: list[str], home: dict[str, str]) -> list[tuple[str, lis
 class DraftClient:
     """The pipelined client over a set of drafter links (see the module docstring). Subclasses find drafters."""
 
-    def __init__(self, timeout_s: float = 10.0, new_group_size: int = 4, wait_for_misses: float = 0.5,
+    def __init__(self, timeout_s: float = DRAFT_TIMEOUT_S, new_group_size: int = 4, wait_for_misses: float = 0.5,
                  vocab_size: int | None = None) -> None:
         """``vocab_size``: the target's; drafts outside it make their drafter a failed one.
 
@@ -391,7 +392,8 @@ class DraftClient:
 class ActorDraftClient(DraftClient):
     """One named drafter actor (``actors.drafter.actor.start_drafter_actor``)."""
 
-    def __init__(self, actor: str | Any, namespace: str | None = None, timeout_s: float = 30.0, **kw: Any) -> None:
+    def __init__(self, actor: str | Any, namespace: str | None = None, timeout_s: float = DRAFT_TIMEOUT_S,
+                 **kw: Any) -> None:
         super().__init__(timeout_s=timeout_s, **kw)
         self.actor_name, self.namespace = actor, namespace
         self.actor_id = ""  # its drafter id, once known

@@ -32,6 +32,7 @@ import logging
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -39,7 +40,7 @@ from vllm.v1.spec_decode.eagle import EagleProposer
 from vllm.v1.utils import CpuGpuBuffer
 
 from actors.messages import DraftStatus, DraftStep, SeqRole, SeqSlice
-from actors.metrics import SpecDecodeStats
+from actors.metrics import ProposerStats, SpecDecodeStats
 from actors.timing import ms_since
 from actors.verifier.client import DraftClient, check_drafts, hidden_to_numpy
 
@@ -59,6 +60,14 @@ class StepTiming:
     all_hits: bool  # no drafter answer was awaited (every sequence a branch hit, or a prompt step)
 
 
+class SentDrafts(NamedTuple):
+    """Drafts proposed for a sequence, awaiting the step that says how many were accepted."""
+
+    num_drafts: int
+    last_position: int  # of the row the drafts follow: the next step starts at last_position + 1
+    source: str  # "on_demand", "branch" (precomputed) or "placeholder"
+
+
 @dataclass
 class ProposerState:
     """What the proposer has learnt, read by the worker's RPCs."""
@@ -67,13 +76,20 @@ class ProposerState:
     failures: int = 0
     timings: deque[StepTiming] = field(default_factory=lambda: deque(maxlen=MAX_TIMINGS))
     per_request: OrderedDict[str, SpecDecodeStats] = field(default_factory=OrderedDict)  # the latest requests
-    pending: dict[str, tuple[int, int, str]] = field(default_factory=dict)  # req -> (drafts, last position, source)
+    pending: dict[str, SentDrafts] = field(default_factory=dict)
     # Asynchronous drafting: sequences that had precomputed drafts, the hits among them, per-request hits, and
     # acceptance by where the drafts came from ("branch": precomputed; "on_demand": drafted for this step).
     branch_lookups: int = 0
     branch_hits: int = 0
     per_request_hits: dict[str, int] = field(default_factory=dict)
     by_source: dict[str, SpecDecodeStats] = field(default_factory=dict)
+
+    def stats(self, client: dict | None = None, counters_only: bool = False) -> ProposerStats:
+        """``counters_only``: without the per-request tables (what ``/metrics`` reads)."""
+        per_request = {} if counters_only else dict(self.per_request)
+        hits = {} if counters_only else dict(self.per_request_hits)
+        return ProposerStats(self.steps, self.failures, per_request, self.branch_lookups, self.branch_hits, hits,
+                             dict(self.by_source), dict(client or {}))
 
 
 def step_rows(
@@ -305,7 +321,7 @@ class RemoteEagleProposer(EagleProposer):
         for i in rows:
             sent = self.state.pending.get(seqs[i].req_id)
             if sent is not None:
-                self.state.pending[seqs[i].req_id] = (*sent[:2], source)
+                self.state.pending[seqs[i].req_id] = sent._replace(source=source)
 
     def scheduler_finished(self, req_ids: set[str] | list[str]) -> None:
         """Requests vLLM's scheduler finished or aborted (``SchedulerOutput.finished_req_ids``): their draft state
@@ -338,8 +354,8 @@ class RemoteEagleProposer(EagleProposer):
             st.pending.pop(rid, None)
         for s, prefill in zip(seqs, in_prefill, strict=True):
             sent = st.pending.get(s.req_id)
-            if sent is not None and s.start_position == sent[1] + 1:
-                n_drafts, _, source = sent
+            if sent is not None and s.start_position == sent.last_position + 1:
+                n_drafts, source = sent.num_drafts, sent.source
                 accepted = max(0, min(n_drafts, s.num_tokens - 1))
                 stats = st.per_request.get(s.req_id)
                 if stats is None:
@@ -355,6 +371,6 @@ class RemoteEagleProposer(EagleProposer):
                     for i in range(min(accepted, len(agg.accepted_per_pos))):
                         agg.accepted_per_pos[i] += 1
             if k > 0 and not prefill:
-                st.pending[s.req_id] = (k, s.start_position + s.num_tokens - 1, "on_demand")
+                st.pending[s.req_id] = SentDrafts(k, s.start_position + s.num_tokens - 1, "on_demand")
             else:
                 st.pending.pop(s.req_id, None)

@@ -27,6 +27,7 @@ else:  # pragma: no cover - GPU
     from vllm.v1.worker.gpu_worker import Worker as _PlatformWorker
 
 from actors import vllm_fixes
+from actors.metrics import COUNTER_KEYS
 from actors.timing import ms_since
 from actors.verifier.client import build_client
 from actors.verifier.options import ASYNC_SCHEDULING, PIPELINE_PARALLEL
@@ -148,20 +149,12 @@ class RemoteDraftWorker(_PlatformWorker):
         drafter = getattr(self.model_runner, "drafter", None)
         st = drafter.state if isinstance(drafter, RemoteEagleProposer) else ProposerState()
         return {
-            "remote": isinstance(drafter, RemoteEagleProposer),
             "is_driver": drafter.is_driver if isinstance(drafter, RemoteEagleProposer) else self.rank == 0,
-            "steps": st.steps,
-            "failures": st.failures,
+            **st.stats(drafter.client.stats() if hasattr(getattr(drafter, "client", None), "stats") else {}).to_dict(),
             # image rows shipped, and steps that were handed image embeddings (vLLM gathered them)
             "mm_rows_shipped": getattr(drafter, "mm_rows_shipped", 0),
             "mm_steps": getattr(drafter, "mm_steps", 0),
             "timings": [dataclasses.asdict(t) for t in st.timings],
-            "per_request": {k: dataclasses.asdict(v) for k, v in st.per_request.items()},
-            "branch_lookups": st.branch_lookups,
-            "branch_hits": st.branch_hits,
-            "per_request_branch_hits": dict(st.per_request_hits),
-            "acceptance_by_source": {k: dataclasses.asdict(v) for k, v in st.by_source.items()},
-            "client": drafter.client.stats() if hasattr(getattr(drafter, "client", None), "stats") else {},
             "forward_ms": list(self._forward_ms),  # execute_model: the target forward
             "sample_ms": list(self._sample_ms),  # sample_tokens: rejection sampling + propose
             "period_ms": list(self._period_ms),  # step to step, while busy
@@ -169,19 +162,15 @@ class RemoteDraftWorker(_PlatformWorker):
         }
 
     def eagle_cluster_counters(self) -> dict[str, Any]:
-        """The counters only (no per-step timings, no per-request table): what ``/metrics`` reads on every scrape,
-        so a scrape costs the same after a day as after a minute."""
+        """``ProposerStats`` with the counters only (no per-request table, no per-step timings, the client's counts
+        but not its events): what ``/metrics`` reads on every scrape, so a scrape costs the same after a day as
+        after a minute."""
         drafter = getattr(self.model_runner, "drafter", None)
         st = drafter.state if isinstance(drafter, RemoteEagleProposer) else ProposerState()
         client = drafter.client.stats() if hasattr(getattr(drafter, "client", None), "stats") else {}
         return {
             "is_driver": drafter.is_driver if isinstance(drafter, RemoteEagleProposer) else self.rank == 0,
-            "steps": st.steps,
-            "failures": st.failures,
-            "branch_lookups": st.branch_lookups,
-            "branch_hits": st.branch_hits,
-            "acceptance_by_source": {k: dataclasses.asdict(v) for k, v in st.by_source.items()},
-            "client": {k: client[k] for k in ("rehomed", "drafters", "quarantined") if k in client},
+            **st.stats({k: client[k] for k in COUNTER_KEYS if k in client}, counters_only=True).to_dict(),
         }
 
     def eagle_cluster_reset_stats(self) -> None:

@@ -2,7 +2,8 @@
 comes from the step period (``StepDeadline``), the calls it gave up on are cancelled, and the drafter stays out of
 use, whatever discovery says, until it answers a health probe (``Quarantine``).
 
-No Ray runs here: fake actors and refs as in ``test_slot_leaks``; ``ray.get`` records the timeouts it is given."""
+No Ray runs here: fake actors and refs (``tests.actors.fake_drafters``); ``ray.get`` records the timeouts it
+is given."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from actors.messages import DraftStatus
 from actors.verifier.drafter_health import Quarantine, StepDeadline
-from tests.actors.test_slot_leaks import FakeDrafter, Method, Pool, Ref, good, step_of
+from tests.actors.fake_drafters import FakeDrafter, Method, Pool, Ref, good, step_of
 
 
 def test_step_deadline_worked_example():

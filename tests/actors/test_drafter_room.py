@@ -4,7 +4,6 @@ drafting would reach past ``max_model_len``. The others draft exactly as they wo
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -12,19 +11,8 @@ from actors.drafter.branches import BranchConfig
 from actors.drafter.engine import DrafterEngine
 from actors.drafter.kv_cache import DraftKVCache
 from actors.eagle.checkpoint import load_head
-from actors.messages import DraftResult, DraftStatus, DraftStep, SeqSlice
-
-
-def step_of(step_id: int, k: int, seqs: list[tuple[str, int, int]], width: int, seed: int = 0
-            ) -> tuple[DraftStep, torch.Tensor]:
-    """seqs: (req_id, first position, rows), random ids and hidden rows."""
-    g = torch.Generator().manual_seed(seed)
-    slices, off = [], 0
-    for rid, pos, n in seqs:
-        slices.append(SeqSlice(rid, off, n, pos))
-        off += n
-    ids = torch.randint(0, 300, (off,), generator=g).numpy().astype(np.int32)
-    return DraftStep(step_id, k, slices, ids), torch.randn(off, width, generator=g)
+from actors.messages import DraftResult, DraftStatus
+from tests.actors.steps import random_step
 
 
 @pytest.mark.parametrize("branches", [None, BranchConfig(bonus_fanout=2, recovered_fanout=1)], ids=["sync", "async"])
@@ -33,7 +21,7 @@ def test_slot_cap_refuses_new_sequences_only(toy_heads, branches):
     capped = DrafterEngine(load_head(heads["eagle1"], target_dir), max_model_len=64, max_num_seqs=2, branches=branches)
     free = DrafterEngine(load_head(heads["eagle1"], target_dir), max_model_len=64, branches=branches)
     width = capped.spec.fused_hidden_size
-    step, hidden = step_of(0, 3, [("a", 0, 5), ("b", 0, 7), ("c", 0, 4)], width)
+    step, hidden = random_step(0, 3, [("a", 0, 5), ("b", 0, 7), ("c", 0, 4)], width)
     got, want = capped.propose_tensors(step, hidden), free.propose_tensors(step, hidden)
     assert got.full_rows == [2]
     assert got.drafts[:2].tolist() == want.drafts[:2].tolist()
@@ -41,7 +29,7 @@ def test_slot_cap_refuses_new_sequences_only(toy_heads, branches):
     assert capped.num_active_sequences == capped.cache.num_slots == 2  # "c" holds nothing here
 
     # "a" finishes: "c" (sent again from position 0) gets its slot; "b" carries on.
-    step, hidden = step_of(1, 3, [("b", 7, 2), ("c", 0, 6)], width, seed=1)
+    step, hidden = random_step(1, 3, [("b", 7, 2), ("c", 0, 6)], width, seed=1)
     step.finished = ["a"]
     got = capped.propose_tensors(step, hidden)
     assert got.full_rows == []
@@ -53,12 +41,12 @@ def test_sequences_past_max_model_len_get_no_drafts(toy_heads):
     engine = DrafterEngine(load_head(heads["eagle3"], target_dir), max_model_len=32)
     width = engine.spec.fused_hidden_size
     # k=3 drafts at positions up to last + 2: "fits" ends at 28 (reaches 30), "long" at 30 (would reach 32).
-    step, hidden = step_of(0, 3, [("fits", 0, 29), ("long", 0, 31)], width)
+    step, hidden = random_step(0, 3, [("fits", 0, 29), ("long", 0, 31)], width)
     got = engine.propose_tensors(step, hidden)
     assert got.full_rows == [1] and got.drafts[1].tolist() == [0, 0, 0]
     assert engine.num_active_sequences == 1
     # A sequence drafted before that grows too long is dropped from the cache.
-    step, hidden = step_of(1, 3, [("fits", 29, 2)], width)
+    step, hidden = random_step(1, 3, [("fits", 29, 2)], width)
     assert engine.propose_tensors(step, hidden).full_rows == [0]
     assert engine.num_active_sequences == 0
 
@@ -70,7 +58,7 @@ def test_kv_cache_gib_caps_the_slots(toy_heads):
     slot = DraftKVCache.bytes_per_slot(spec.num_layers, spec.num_kv_heads, spec.head_dim, 65, torch.float32)
     engine = DrafterEngine(head, max_model_len=64, kv_cache_gib=3.5 * slot / 2**30)
     assert engine.cache.max_slots == 3
-    step, hidden = step_of(0, 2, [(f"s{i}", 0, 3) for i in range(5)], spec.fused_hidden_size)
+    step, hidden = random_step(0, 2, [(f"s{i}", 0, 3) for i in range(5)], spec.fused_hidden_size)
     assert engine.propose_tensors(step, hidden).full_rows == [3, 4]
     assert sum(t.numel() * t.element_size() for t in (*engine.cache.k, *engine.cache.v)) <= 3.5 * slot
     with pytest.raises(ValueError, match="holds no sequence"):
@@ -82,7 +70,7 @@ def test_actor_reports_full_rows(toy_heads):
 
     target_dir, heads = toy_heads
     actor = DrafterActor(str(heads["eagle1"]), str(target_dir), max_model_len=64, max_num_seqs=1)
-    step, hidden = step_of(0, 2, [("a", 0, 3), ("b", 0, 3)], actor.engine.spec.fused_hidden_size)
+    step, hidden = random_step(0, 2, [("a", 0, 3), ("b", 0, 3)], actor.engine.spec.fused_hidden_size)
     result = DraftResult.unpack(actor.propose(step.pack(), hidden.numpy()))
     assert result.status is DraftStatus.OK
     assert result.full_rows == [1] and result.draft_token_ids.shape == (2, 2)

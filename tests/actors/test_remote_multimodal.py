@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import ray
 
-from benchmarks import multimodal_acceptance as mm
+from cluster import image_runs as mm
 from tests.actors import vllm_helpers as vh
 
 pytestmark = pytest.mark.slow

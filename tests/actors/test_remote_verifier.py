@@ -19,6 +19,7 @@ import ray
 
 from actors.drafter.actor import DrafterActor, start_drafter_actor
 from actors.eagle.spec import HeadConfigError
+from actors.metrics import ProposerStats
 from actors.verifier.engine import make_verifier_llm
 from tests.actors import vllm_helpers as vh
 from tests.conftest import EAGLE1, EAGLE3, TARGET
@@ -93,11 +94,11 @@ def test_greedy_exact_and_counters_match_colocated(ray_cluster, head, method, pr
     for a, b in zip(stats.accepted_per_pos, colo.accepted_per_pos, strict=True):
         assert vh.within(a, b)
     # Per-request acceptance (the verifier's own bookkeeping) adds up to vLLM's totals.
-    driver = next(r for r in rpc if r["is_driver"])
-    assert driver["failures"] == 0
-    per_req = driver["per_request"].values()
-    assert sum(r["num_accepted_tokens"] for r in per_req) == stats.num_accepted_tokens
-    assert sum(r["num_drafts"] for r in per_req) == stats.num_drafts
+    driver = ProposerStats.of_driver(rpc)
+    assert driver.failures == 0
+    per_req = driver.per_request.values()
+    assert sum(r.num_accepted_tokens for r in per_req) == stats.num_accepted_tokens
+    assert sum(r.num_drafts for r in per_req) == stats.num_drafts
 
 
 @pytest.mark.parametrize(("head", "method"), [(EAGLE1, "eagle"), (EAGLE3, "eagle3")], ids=["eagle1", "eagle3"])
@@ -108,19 +109,20 @@ def test_greedy_exact_with_async_drafting(ray_cluster, head, method, prompts, gr
     tokens, stats, rpc = remote_run(ray_cluster, head, method, prompts, greedy, f"drafter-async-{method}",
                                     branches=ASYNC)
     assert tokens == reference
-    driver = next(r for r in rpc if r["is_driver"])
-    assert driver["failures"] == 0
-    assert 0 < driver["branch_hits"] <= driver["branch_lookups"]
-    by_source = driver["acceptance_by_source"]
-    assert by_source["branch"]["num_drafts"] > 0 and by_source["placeholder"]["num_drafts"] > 0
-    assert sum(s["num_accepted_tokens"] for s in by_source.values()) == stats.num_accepted_tokens
-    assert sum(driver["per_request_branch_hits"].values()) == driver["branch_hits"]
-    # /metrics' counters-only call: the same counters, nothing that grows with the requests served.
-    counters = driver["counters"]
-    assert {k: counters[k] for k in ("steps", "failures", "branch_lookups", "branch_hits", "acceptance_by_source")} \
-        == {k: driver[k] for k in ("steps", "failures", "branch_lookups", "branch_hits", "acceptance_by_source")}
-    assert counters["client"]["drafters"] == 1 and counters["client"]["quarantined"] == 0
-    assert not any(isinstance(v, list) for v in counters.values())
+    driver = ProposerStats.of_driver(rpc)
+    assert driver.failures == 0
+    assert 0 < driver.branch_hits <= driver.branch_lookups
+    by_source = driver.acceptance_by_source
+    assert by_source["branch"].num_drafts > 0 and by_source["placeholder"].num_drafts > 0
+    assert sum(s.num_accepted_tokens for s in by_source.values()) == stats.num_accepted_tokens
+    assert sum(driver.per_request_branch_hits.values()) == driver.branch_hits
+    # /metrics' counters-only call: the same counters, no per-request table, the client's counts only.
+    counters = ProposerStats.from_dict(next(r for r in rpc if r["is_driver"])["counters"])
+    assert (counters.steps, counters.failures, counters.branch_lookups, counters.branch_hits) \
+        == (driver.steps, driver.failures, driver.branch_lookups, driver.branch_hits)
+    assert counters.acceptance_by_source == driver.acceptance_by_source
+    assert counters.per_request == {} and counters.per_request_branch_hits == {}
+    assert counters.client == {"rehomed": 0, "drafters": 1, "quarantined": 0}
     assert stats.mean_acceptance_length > 1.5, stats.table()
 
 
@@ -169,13 +171,13 @@ def test_drafter_death_fails_nothing(ray_cluster, prompts, greedy, reference):
         long = SamplingParams(max_tokens=96, temperature=0.0, ignore_eos=True)
         tokens, _ = vh.run(llm, prompts, long)
         killer.join()
-        rpc = next(r for r in llm.collective_rpc("eagle_cluster_stats") if r["is_driver"])
+        stats = ProposerStats.of_driver(llm.collective_rpc("eagle_cluster_stats"))
     finally:
         vh.close(llm)
     assert time.time() - t0 > 1.0
     assert [t[:48] for t in tokens] == reference
     assert all(len(t) == 96 for t in tokens)
-    assert rpc["failures"] > 0  # logged and counted
+    assert stats.failures > 0  # logged and counted
 
 
 def test_drafter_step_error_is_reported_not_raised(tmp_path):

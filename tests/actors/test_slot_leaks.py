@@ -5,100 +5,34 @@ steps skip it: one back from a step vLLM did not schedule finds its branches, an
 the drafter is drafted from what the drafter really has.
 
 No Ray runs here: the drafter is a fake actor whose calls return fake object refs, and ``ray.get`` / ``ray.wait``
-are replaced to read them."""
+are replaced to read them (``tests.actors.fake_drafters``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
-import ray
 
-from actors.messages import BranchEntry, BranchTable, DraftResult, DraftStatus, DraftStep, SeqSlice
-from actors.verifier.client import DraftClient
-
-K = 2
-VOCAB = 100
-
-
-@dataclass
-class Ref:
-    """A fake ``ObjectRef``: ``ray.get`` returns ``value``, or raises ``error``."""
-
-    value: Any = None
-    error: Exception | None = None
-
-
-class Method:
-    def __init__(self, fn) -> None:
-        self.fn = fn
-
-    def remote(self, *args: Any) -> Any:
-        return self.fn(*args)
-
-
-class FakeDrafter:
-    """A drafter actor: ``propose`` answers ``answer(step)`` (a ``DraftResult`` or an exception for ``ray.get``);
-    ``free`` and a step's ``finished`` record what it was asked to free (``free`` raises with ``free_raises``)."""
-
-    def __init__(self, answer, free_raises: bool = False) -> None:
-        self.answer, self.free_raises = answer, free_raises
-        self.freed: list[str] = []
-        self.propose = Method(self._propose)
-        self.free = Method(self._free)
-        self.branches = Method(lambda req_ids: Ref(error=AssertionError("no branches asked of a sync drafter")))
-
-    def _propose(self, step_bytes: bytes, hidden: np.ndarray) -> Ref:
-        step = DraftStep.unpack(step_bytes)
-        self.freed += step.finished  # as the engine does first thing
-        out = self.answer(step)
-        return Ref(error=out) if isinstance(out, Exception) else Ref(out.pack())
-
-    def _free(self, req_ids: list[str]) -> Ref:
-        if self.free_raises:
-            raise RuntimeError("actor handle unusable")
-        self.freed += req_ids
-        return Ref(0)
-
-
-def good(step: DraftStep) -> DraftResult:
-    return DraftResult(step.step_id, DraftStatus.OK, np.ones((len(step.seqs), K), np.int32))
-
-
-def out_of_vocab(step: DraftStep) -> DraftResult:
-    return DraftResult(step.step_id, DraftStatus.OK, np.full((len(step.seqs), K), VOCAB + 5, np.int32))
-
-
-def timed_out(step: DraftStep) -> Exception:
-    return ray.exceptions.GetTimeoutError("drafter too slow")
-
-
-class Pool(DraftClient):
-    def __init__(self, drafters: dict[str, tuple[FakeDrafter, int]], drafts_branches: bool = False) -> None:
-        super().__init__(timeout_s=1.0, vocab_size=VOCAB)
-        self.drafters, self.drafts_branches = drafters, drafts_branches
-
-    def _discover(self, blocking: bool) -> None:
-        for drafter_id, (actor, load) in self.drafters.items():
-            self._add_link(drafter_id, actor, {"drafts_branches": self.drafts_branches, "active_sequences": load})
+from actors.messages import BranchEntry, BranchTable, DraftStatus, DraftStep, SeqSlice
+from tests.actors.fake_drafters import (
+    FakeDrafter,
+    K,
+    Method,
+    Pool,
+    Ref,
+    fake_ray,
+    good,
+    out_of_vocab,
+    step_of,
+    timed_out,
+)
+from tests.actors.steps import random_step
 
 
 @pytest.fixture(autouse=True)
-def fake_ray(monkeypatch):
-    def get(ref: Ref, timeout: float | None = None) -> Any:
-        if ref.error is not None:
-            raise ref.error
-        return ref.value
-
-    monkeypatch.setattr(ray, "get", get)
-    monkeypatch.setattr(ray, "wait", lambda refs, timeout=None: (list(refs), []))
-
-
-def step_of(step_id: int, req_ids: list[str], finished: list[str] | None = None) -> tuple[DraftStep, np.ndarray]:
-    seqs = [SeqSlice(rid, i, 1, 10 + step_id) for i, rid in enumerate(req_ids)]
-    return DraftStep(step_id, K, seqs, np.ones(len(seqs), np.int32), finished or []), np.zeros((len(seqs), 4))
+def _no_ray(monkeypatch):
+    fake_ray(monkeypatch)
 
 
 @pytest.mark.parametrize("answer", [out_of_vocab, timed_out], ids=["bad-answer", "timeout"])
@@ -199,19 +133,6 @@ def engine_of(toy_heads, **kw: Any):
     return DrafterEngine(load_head(heads["eagle3"], target_dir), max_model_len=64, **kw)
 
 
-def draft_step(step_id: int, seqs: list[tuple[str, int, int]], width: int, seed: int = 0):
-    """seqs: (req_id, first position, rows); random input ids and hidden rows ([N, width])."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    slices, off = [], 0
-    for rid, pos, n in seqs:
-        slices.append(SeqSlice(rid, off, n, pos))
-        off += n
-    ids = torch.randint(0, 300, (off,), generator=g).numpy().astype(np.int32)
-    return DraftStep(step_id, K, slices, ids), torch.randn(off, width, generator=g)
-
-
 @pytest.mark.parametrize("branches", [None, {"bonus_fanout": 2, "recovered_fanout": 1}], ids=["sync", "async"])
 def test_idle_slots_are_evicted(toy_heads, branches):
     from actors.drafter.branches import BranchConfig
@@ -220,20 +141,20 @@ def test_idle_slots_are_evicted(toy_heads, branches):
     engine = engine_of(toy_heads, idle_slot_ttl_s=300.0, clock=clock,
                        branches=BranchConfig(**branches) if branches else None)
     width = engine.spec.fused_hidden_size
-    engine.propose_tensors(*draft_step(0, [("a", 0, 4), ("b", 0, 3)], width))
+    engine.propose_tensors(*random_step(0, K, [("a", 0, 4), ("b", 0, 3)], width))
     engine.after_step()
     assert engine.num_active_sequences == 2
     clock.now = 200.0  # "b" steps on; "a" was abandoned (its verifier died, its free was lost)
-    engine.propose_tensors(*draft_step(1, [("b", 3, 1)], width, seed=1))
+    engine.propose_tensors(*random_step(1, K, [("b", 3, 1)], width, seed=1))
     engine.after_step()
     clock.now = 400.0
-    engine.propose_tensors(*draft_step(2, [("b", 4, 1)], width, seed=2))
+    engine.propose_tensors(*random_step(2, K, [("b", 4, 1)], width, seed=2))
     assert engine.num_active_sequences == 1 and set(engine.cache.slot_of) == {"b"} and engine.evicted == 1
     assert "a" not in engine.branch_table
 
     # A sequence of the step at hand is never evicted, however long it was away; it continues where it was.
     clock.now = 10_000.0
-    p = engine.propose_tensors(*draft_step(3, [("b", 5, 1)], width, seed=3))
+    p = engine.propose_tensors(*random_step(3, K, [("b", 5, 1)], width, seed=3))
     assert set(engine.cache.slot_of) == {"b"} and engine.evicted == 1 and p.cold == 0
 
 
@@ -241,9 +162,9 @@ def test_no_ttl_never_evicts(toy_heads):
     clock = Clock()
     engine = engine_of(toy_heads, idle_slot_ttl_s=None, clock=clock)
     width = engine.spec.fused_hidden_size
-    engine.propose_tensors(*draft_step(0, [("a", 0, 4)], width))
+    engine.propose_tensors(*random_step(0, K, [("a", 0, 4)], width))
     clock.now = 1e9
-    engine.propose_tensors(*draft_step(1, [("b", 0, 2)], width))
+    engine.propose_tensors(*random_step(1, K, [("b", 0, 2)], width))
     assert engine.num_active_sequences == 2 and engine.evicted == 0
 
 
@@ -252,11 +173,11 @@ def test_probe_takes_no_slot_even_when_the_cache_is_full(toy_heads):
     width = engine.spec.fused_hidden_size
     assert engine.probe() == (1, 1)
     assert engine.num_active_sequences == 0 and engine.cache.num_slots == 1
-    engine.propose_tensors(*draft_step(0, [("a", 0, 4)], width))
+    engine.propose_tensors(*random_step(0, K, [("a", 0, 4)], width))
     slots = dict(engine.cache.slot_of)
     assert engine.probe() == (1, 1)  # full: it still drafts, and evicts nobody
     assert engine.cache.slot_of == slots and engine.num_active_sequences == 1
-    p = engine.propose_tensors(*draft_step(1, [("a", 4, 1)], width, seed=1))
+    p = engine.propose_tensors(*random_step(1, K, [("a", 4, 1)], width, seed=1))
     assert p.full_rows == [] and p.cold == 0
 
 
@@ -279,11 +200,11 @@ def test_step_after_a_gap_drafts_as_a_rehomed_sequence(toy_heads, branches):
     cfg = BranchConfig(**branches) if branches else None
     engine, fresh = engine_of(toy_heads, branches=cfg), engine_of(toy_heads, branches=cfg)
     width = engine.spec.fused_hidden_size
-    engine.propose_tensors(*draft_step(0, [("s", 0, 5)], width))
+    engine.propose_tensors(*random_step(0, K, [("s", 0, 5)], width))
     engine.after_step()
     slot = engine.cache.slot_of["s"]
     assert int(engine.cache.next_pos[slot]) == 5
-    step, hidden = draft_step(1, [("s", 8, 2)], width, seed=1)
+    step, hidden = random_step(1, K, [("s", 8, 2)], width, seed=1)
     got, want = engine.propose_tensors(step, hidden), fresh.propose_tensors(step, hidden)
     assert got.cold == want.cold == 1 and int(engine.cache.known_from[slot]) == 8
     assert got.drafts.tolist() == want.drafts.tolist()
@@ -291,8 +212,8 @@ def test_step_after_a_gap_drafts_as_a_rehomed_sequence(toy_heads, branches):
     assert int(engine.cache.next_pos[slot]) == 10
 
     # Contiguous steps, and a restart from an earlier position (preemption), are not gaps.
-    p = engine.propose_tensors(*draft_step(2, [("s", 10, 1)], width, seed=2))
+    p = engine.propose_tensors(*random_step(2, K, [("s", 10, 1)], width, seed=2))
     assert p.cold == 0 and int(engine.cache.known_from[slot]) == 8
     engine.after_step()
-    p = engine.propose_tensors(*draft_step(3, [("s", 0, 6)], width, seed=3))
+    p = engine.propose_tensors(*random_step(3, K, [("s", 0, 6)], width, seed=3))
     assert p.cold == 0 and int(engine.cache.known_from[slot]) == 0

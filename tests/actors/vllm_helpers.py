@@ -9,12 +9,11 @@ from collections import Counter
 import torch
 
 from actors.metrics import SpecDecodeStats, from_vllm_metrics
-from actors.train import corpus
-from tests.conftest import TARGET
+from cluster.harness import TARGET, heldout_prompts, load_prompts
 
 
 def prompts(n: int) -> list[str]:
-    return corpus.heldout_prompts(corpus.default_corpus_dir(), n, seed=1)
+    return heldout_prompts(n, seed=1)
 
 
 def run(llm, prompts, params) -> tuple[list[list[int]], SpecDecodeStats]:
@@ -35,6 +34,16 @@ def target_only(prompts, params, **engine):
         return run(llm, prompts, params)
     finally:
         close(llm)
+
+
+def reference(num_prompts: int, max_tokens: int) -> dict[str, list[int]]:
+    """vLLM target-only greedy token ids for the first ``num_prompts`` shipped prompts (``load_prompts``): what
+    every served output must equal, token for token."""
+    from vllm import SamplingParams
+
+    prompts = load_prompts(None, num_prompts)
+    ids, _ = target_only(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+    return dict(zip(prompts, ids, strict=True))
 
 
 def within(a: int, b: int, rel: float = 0.01) -> bool:

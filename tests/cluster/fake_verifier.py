@@ -6,15 +6,17 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from cluster.verifier_reply import VerifierReply
+
 
 class FakeVerifierServer:
-    async def completions(self, req: Any) -> AsyncGenerator[tuple[str, Any], None]:
+    async def completions(self, req: Any) -> AsyncGenerator[VerifierReply, None]:
         body = {"object": "text_completion", "model": "llama4-tiny",
                 "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}],
                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
-        yield "json", {"status": 200, "body": body}
+        yield VerifierReply.json(200, body)
 
-    async def chat(self, req: Any) -> AsyncGenerator[tuple[str, Any], None]:
+    async def chat(self, req: Any) -> AsyncGenerator[VerifierReply, None]:
         async for item in self.completions(req):
             yield item
 

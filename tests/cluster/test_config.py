@@ -177,10 +177,10 @@ def test_a_yaml_starts_grpc_only_for_an_app_that_serves_it(path, monkeypatch):
 
 
 def test_test_servers_grpc_config_validates(tmp_path):
-    from tests.cluster.serve_helpers import cpu_config
+    from cluster.harness import cpu_yaml
 
     for ingress in ({}, {"api_key": "k"}):
-        doc = yaml.safe_load(cpu_config(tmp_path, grpc=True, ingress=ingress).read_text())
+        doc = yaml.safe_load(cpu_yaml(tmp_path / "app.yaml", grpc=True, ingress=ingress).read_text())
         cfg = EagleClusterConfig.model_validate(deploy_yaml.app_args(doc))
         assert cfg.ingress.grpc.enabled and doc["grpc_options"]["grpc_servicer_functions"]
         assert cfg.ingress.grpc.allow_unauthenticated == (ingress == {})

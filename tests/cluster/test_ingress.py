@@ -11,6 +11,7 @@ import pytest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
 from cluster.ingress import INTERNAL_MESSAGE, BadRequest, GrpcAbort, Ingress, grpc_code, parse_request
+from cluster.verifier_reply import VerifierReply
 from tests.conftest import EAGLE3, TARGET
 
 CFG = {
@@ -64,7 +65,7 @@ class FakeVerifier:
     async def _completions(self, req):
         self.calls += 1
         body = {"object": "text_completion", "model": "llama4-tiny", "choices": [{"index": 0, "text": "ok"}]}
-        yield "json", {"status": 200, "body": body}
+        yield VerifierReply.json(200, body)
 
     async def _value(self, value):
         return value
@@ -287,7 +288,7 @@ OPEN_GRPC = {"grpc": {"enabled": True, "allow_unauthenticated": True}}
 
 
 class ScriptedVerifier(FakeVerifier):
-    """Completions answer ``items`` (``("json"|"sse", payload)``), then raise ``error`` if given."""
+    """Completions answer ``items`` (``VerifierReply``), then raise ``error`` if given."""
 
     def __init__(self, items=(), error: BaseException | None = None) -> None:
         super().__init__()
@@ -302,11 +303,12 @@ class ScriptedVerifier(FakeVerifier):
 
 
 def _error_json(status: int, message: str):
-    return "json", {"status": status, "body": {"error": {"message": message, "type": "X", "code": status}}}
+    return VerifierReply.json(status, {"error": {"message": message, "type": "X", "code": status}})
 
 
-def _sse(text: str) -> tuple[str, str]:
-    return "sse", f"data: {json.dumps({'choices': [{'index': 0, 'text': text, 'finish_reason': None}]})}\n\n"
+def _sse(text: str) -> VerifierReply:
+    chunk = {"choices": [{"index": 0, "text": text, "finish_reason": None}]}
+    return VerifierReply.sse(f"data: {json.dumps(chunk)}\n\n")
 
 
 def _run_grpc(ingress, request, stream: bool):
@@ -431,12 +433,12 @@ def test_grpc_error_event_inside_a_stream():
     from cluster.proto import eagle_cluster_pb2 as pb
 
     event = json.dumps({"error": {"message": "prompt too long", "type": "BadRequestError", "code": 400}})
-    verifier = ScriptedVerifier([_sse("def"), ("sse", f"data: {event}\n\n"), _sse("never")])
+    verifier = ScriptedVerifier([_sse("def"), VerifierReply.sse(f"data: {event}\n\n"), _sse("never")])
     replies, ctx, abort = _run_grpc(_ingress(verifier, **OPEN_GRPC), pb.GenerateRequest(prompt="x"), stream=True)
     assert [r.text for r in replies] == ["def"] and abort is not None
     assert ctx.code == grpc.StatusCode.INVALID_ARGUMENT and ctx.details == "prompt too long"
     event = json.dumps({"error": {"message": "Internal server error", "type": "InternalServerError", "code": 500}})
-    verifier = ScriptedVerifier([("sse", f"data: {event}\n\n")])
+    verifier = ScriptedVerifier([VerifierReply.sse(f"data: {event}\n\n")])
     _, ctx, abort = _run_grpc(_ingress(verifier, **OPEN_GRPC), pb.GenerateRequest(prompt="x"), stream=True)
     assert ctx.code == grpc.StatusCode.INTERNAL and abort is not None
 

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from benchmarks.serving import load_prompts
-from tests.cluster.serve_helpers import APP, drafter_stats, replica_actors
-from tests.cluster.test_drafter_pool import _check_exact, _load
+from cluster.config import APP_NAME as APP
+from cluster.harness import drafter_stats, replica_actors
+from tests.cluster.traffic import check_exact, send
 from tests.conftest import EAGLE1, TARGET
 
 pytestmark = pytest.mark.slow
@@ -18,13 +18,9 @@ MAX_TOKENS = 32
 
 @pytest.fixture(scope="module")
 def reference() -> dict[str, list[int]]:
-    from vllm import SamplingParams
-
     from tests.actors import vllm_helpers as vh
 
-    prompts = load_prompts(None, 12)
-    ids, _ = vh.target_only(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
-    return dict(zip(prompts, ids, strict=True))
+    return vh.reference(12, MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +64,8 @@ def test_verifiers_and_drafter_on_their_nodes_outputs_exact(nodes, reference):
     assert len(verifiers) == 2 and {v["node_id"] for v in verifiers} == {nodes["verifier"]}
     assert len(drafters) == 1 and drafters[0]["node_id"] == nodes["drafter"]
 
-    results = asyncio.run(_load(list(reference) * 2, 8, max_tokens=MAX_TOKENS))
-    _check_exact(results, reference)
+    results = asyncio.run(send(list(reference) * 2, 8, MAX_TOKENS))
+    check_exact(results, reference)
 
     stats = drafter_stats(drafters[0]["replica_id"])
     assert stats["node_id"] == nodes["drafter"] and stats["steps"] > 0 and stats["failures"] == 0
@@ -77,10 +73,10 @@ def test_verifiers_and_drafter_on_their_nodes_outputs_exact(nodes, reference):
     per_replica = {}
     for _ in range(40):  # Serve spreads these calls over both verifier replicas
         s = handle.spec_stats.remote().result(timeout_s=30)
-        per_replica[s["replica"]] = s
+        per_replica[s.replica] = s
         if len(per_replica) == 2:
             break
     assert len(per_replica) == 2
     for s in per_replica.values():  # each verifier drafted through the shared drafter, across nodes
-        assert s["steps"] > 0 and s["failures"] == 0
-        assert sum(r["num_accepted_tokens"] for r in s["per_request"].values()) > 0
+        assert s.steps > 0 and s.failures == 0
+        assert sum(r.num_accepted_tokens for r in s.per_request.values()) > 0

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from tests.cluster.serve_helpers import GRPC, HTTP, MODEL, cpu_config, serve_run
-from tests.cluster.serve_helpers import get as _get
-from tests.cluster.serve_helpers import post as _post
+from cluster.harness import GRPC, HTTP, MODEL, cpu_yaml, serve_run
+from cluster.harness import get as _get
+from cluster.harness import post as _post
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with serve_run(cpu_config(tmp_path_factory.mktemp("app"), grpc=True)) as proc:
+    with serve_run(cpu_yaml(tmp_path_factory.mktemp("app") / "app.yaml", grpc=True)) as proc:
         yield proc
 
 
@@ -174,9 +174,9 @@ def test_client_disconnect_aborts_and_frees(server):
     import grpc
     import ray
 
+    from cluster.harness import drafter_stats, replica_actors
     from cluster.proto import eagle_cluster_pb2 as pb
     from cluster.proto import eagle_cluster_pb2_grpc as pb_grpc
-    from tests.cluster.serve_helpers import drafter_stats, replica_actors
 
     body = {"model": MODEL, "prompt": "def main():\n", "max_tokens": 900, "ignore_eos": True, "stream": True}
     req = urllib.request.Request(HTTP + "/v1/completions", data=json.dumps(body).encode(),
@@ -260,7 +260,8 @@ def test_vllm_bench_serve_client_works_against_the_cluster(server, tmp_path):
     import asyncio
 
     from benchmarks.client_agreement import ours_flat, vllm_run
-    from benchmarks.serving import load_prompts, run
+    from benchmarks.serving import run
+    from cluster.harness import load_prompts
 
     prompts = load_prompts(None, 8)
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))

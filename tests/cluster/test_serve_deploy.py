@@ -24,10 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks.serving import load_prompts
 from cluster import deploy_yaml
 from cluster.config import APP_NAME, DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT
-from tests.cluster.serve_helpers import HTTP, MODEL, get
+from cluster.harness import HTTP, MODEL, get
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -77,13 +76,9 @@ def wait_running(cwd: Path, timeout_s: float = 600, replicas: dict[str, int] | N
 
 @pytest.fixture(scope="module")
 def reference() -> dict[str, list[int]]:
-    from vllm import SamplingParams
-
     from tests.actors import vllm_helpers as vh
 
-    prompts = load_prompts(None, NUM_STREAMS)
-    ids, _ = vh.target_only(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
-    return dict(zip(prompts, ids, strict=True))
+    return vh.reference(NUM_STREAMS, MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,11 @@ import sys
 
 import pytest
 
-from benchmarks.multimodal_acceptance import image_prompts
 from cluster import deploy_yaml
+from cluster.harness import HTTP, serve_run
+from cluster.harness import post as _post
+from cluster.image_runs import image_prompts
 from cluster.images import data_url
-from tests.cluster.serve_helpers import HTTP, serve_run
-from tests.cluster.serve_helpers import post as _post
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -88,7 +88,7 @@ def test_python_handle_takes_images(server):
     code = """
 import ray
 from ray import serve
-from benchmarks.multimodal_acceptance import image_prompts
+from cluster.image_runs import image_prompts
 from cluster.images import data_url
 ray.init(address="auto")
 img = image_prompts(1)[0]["multi_modal_data"]["image"][0]

@@ -19,7 +19,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import GenerationConfig, Llama4ForCausalLM, Llama4TextConfig, PreTrainedTokenizerFast
 
-from actors.train import corpus
+from training import corpus
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """A small multimodal Llama 4 (``Llama4ForConditionalGeneration``) around the shipped text model.
 
-``python -m actors.train.cli multimodal`` takes ``models/llama4-tiny`` (trained) and adds, seeded and *untrained*:
+``python -m training.cli multimodal`` takes ``models/llama4-tiny`` (trained) and adds, seeded and *untrained*:
 
 - six Llama 4 image tokens (ids 4096..4101: ``IMAGE_TOKENS``), so the text vocabulary grows to 4102; their
   embedding rows are drawn like the others' scale, their ``lm_head`` rows are zero;
@@ -142,7 +142,7 @@ def _heads(models: Path, out_root: Path, vocab: int) -> None:
         (dst / "README.md").write_text(
             f"# {dst_name}\n\nThe draft head `../{src_name}` (its weights, linked) for `../{MM_DIR}`: the config "
             f"names the multimodal target's vocabulary ({vocab}: the text model's plus the six image tokens). "
-            "Made by `python -m actors.train.cli multimodal`. The head was trained on text only; at image "
+            "Made by `python -m training.cli multimodal`. The head was trained on text only; at image "
             "positions it reads the target's merged image embeddings, as vLLM's EAGLE heads do.\n")
 
 
@@ -151,7 +151,7 @@ def card(old_vocab: int, ids: dict[str, int]) -> str:
     per_tile = (TILE // PATCH) ** 2 // 4
     return f"""# llama4-tiny-mm
 
-A Hugging Face `Llama4ForConditionalGeneration` made by `python -m actors.train.cli multimodal` (seeded, about
+A Hugging Face `Llama4ForConditionalGeneration` made by `python -m training.cli multimodal` (seeded, about
 a minute on CPU) to exercise Llama 4's image path (vLLM's `mllama4.py`) at toy scale. It describes nothing: the
 vision part is **random, not trained**.
 

@@ -11,8 +11,8 @@ import pytest
 
 from actors.eagle.compat import check_head_fits_target, target_text_config
 from actors.eagle.spec import load_head_spec
-from actors.train import multimodal
 from tests.conftest import MODELS, ROOT
+from training import multimodal
 
 MM = MODELS / multimodal.MM_DIR
 

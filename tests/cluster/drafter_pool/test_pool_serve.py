@@ -17,9 +17,9 @@ import urllib.request
 
 import pytest
 
-from actors.metrics import from_prometheus_text
-from benchmarks.serving import load_prompts
-from tests.cluster.serve_helpers import HTTP, MODEL, cpu_config, drafter_stats, get, replica_actors, serve_run
+from actors.metrics import ProposerStats, from_prometheus_text
+from cluster.harness import HTTP, MODEL, cpu_yaml, drafter_stats, get, replica_actors, serve_run
+from tests.cluster.traffic import check_exact, send
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 64
@@ -34,69 +34,26 @@ POOL = {
 @pytest.fixture(scope="module")
 def reference() -> dict[str, list[int]]:
     """vLLM target-only greedy token ids for the prompts the tests send (before any server starts)."""
-    from vllm import SamplingParams
-
     from tests.actors import vllm_helpers as vh
 
-    prompts = load_prompts(None, NUM_PROMPTS)
-    ids, _ = vh.target_only(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
-    return dict(zip(prompts, ids, strict=True))
+    return vh.reference(NUM_PROMPTS, MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")
 def server(reference, tmp_path_factory):
     import ray
 
-    with serve_run(cpu_config(tmp_path_factory.mktemp("pool"), grpc=False, **POOL)) as proc:
+    with serve_run(cpu_yaml(tmp_path_factory.mktemp("pool") / "app.yaml", **POOL)) as proc:
         ray.init(address="auto", namespace="pool-test", log_to_driver=False)
         yield proc
         ray.shutdown()
-
-
-async def _one(client, prompt: str, max_tokens: int) -> tuple[str, list[int] | str]:
-    try:
-        out = await client.completions.create(
-            model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
-            extra_body={"ignore_eos": True, "return_token_ids": True},
-        )
-        return prompt, list(out.choices[0].token_ids)
-    except Exception as e:
-        return prompt, f"{type(e).__name__}: {e}"
-
-
-async def _load(prompts: list[str], concurrency: int, max_tokens: int = MAX_TOKENS, during=None):
-    """Send ``prompts`` at ``concurrency``; ``during(elapsed_s)`` is polled every 0.2 s meanwhile."""
-    from openai import AsyncOpenAI
-
-    client = AsyncOpenAI(base_url=HTTP + "/v1", api_key="unused", max_retries=0, timeout=300)
-    sem = asyncio.Semaphore(concurrency)
-
-    async def guarded(p):
-        async with sem:
-            return await _one(client, p, max_tokens)
-
-    start = time.time()
-    tasks = [asyncio.create_task(guarded(p)) for p in prompts]
-    while during is not None and not all(t.done() for t in tasks):
-        await asyncio.to_thread(during, time.time() - start)
-        await asyncio.sleep(0.2)
-    results = await asyncio.gather(*tasks)
-    await client.close()
-    return results
-
-
-def _check_exact(results, reference) -> None:
-    failed = [r for _, r in results if isinstance(r, str)]
-    assert not failed, failed[:3]
-    wrong = [p for p, ids in results if ids != reference[p]]
-    assert not wrong, f"{len(wrong)} outputs differ from target-only"
 
 
 def _spec():
     return from_prometheus_text(get("/metrics")[1].decode())
 
 
-def _spec_stats() -> dict:
+def _spec_stats() -> ProposerStats:
     from ray import serve
 
     return serve.get_deployment_handle("Verifier", app_name="eagle-cluster").spec_stats.remote().result(timeout_s=30)
@@ -112,8 +69,8 @@ def test_pool_scales_up_under_load_and_outputs_stay_exact(server, reference):
             if a["replica_id"] not in seen and drafter_stats(a["replica_id"])["steps"] > 0:
                 seen[a["replica_id"]] = elapsed
 
-    results = asyncio.run(_load(prompts, 32, during=watch))
-    _check_exact(results, reference)
+    results = asyncio.run(send(prompts, 32, MAX_TOKENS, during=watch))
+    check_exact(results, reference)
     assert len(seen) == 2, f"a second drafter never served traffic: {seen}"
     print(f"\nload increase -> second drafter serving traffic: {max(seen.values()):.1f} s")
 
@@ -129,7 +86,7 @@ def test_drafter_killed_under_32_streams(server, reference):
         if "kill" not in marks and elapsed > 3:
             # The verifier's own view (drafter id -> sequences homed): kill once both replicas hold some of its
             # sequences, so that what is measured is failing over to a drafter in use, not finding one.
-            homes = _spec_stats()["client"]["homes"]
+            homes = _spec_stats().client["homes"]
             if sum(1 for a in drafters if homes.get(a["replica_id"], 0) > 0) < 2:
                 assert elapsed < 30, f"the verifier's sequences are not on both drafters: {homes}"
                 return
@@ -141,15 +98,15 @@ def test_drafter_killed_under_32_streams(server, reference):
         elif "kill" in marks and "during" not in marks and time.time() - marks["kill"] > 2:
             marks["during"] = _spec()
 
-    results = asyncio.run(_load(list(reference) * 2, 32, during=kill_after))
+    results = asyncio.run(send(list(reference) * 2, 32, MAX_TOKENS, during=kill_after))
     marks["end"] = _spec()
-    _check_exact(results, reference)
+    check_exact(results, reference)
     assert "kill" in marks and "during" in marks, "the run ended before the kill and its aftermath"
-    events = [e for e in _spec_stats()["client"]["events"] if e[0] >= marks["kill"]]
+    events = [e for e in _spec_stats().client["events"] if e[0] >= marks["kill"]]
     failed = [t for t, kind, _ in events if kind == "failed"]
     rehomed = [t for t, kind, _ in events if kind == "rehomed"]
     # (a failed call first only if a step reached the dead replica before Serve noticed)
-    assert rehomed, (marks["homes"], events, _spec_stats()["client"])
+    assert rehomed, (marks["homes"], events, _spec_stats().client)
     recovery = min(rehomed) - marks["kill"]
     before = marks["before"] - marks["start"]
     during = marks["during"] - marks["before"]
@@ -174,7 +131,7 @@ def test_fuzzed_steps_against_a_served_drafter(server):
     from actors.messages import DraftResult, DraftStatus, DraftStep
     from cluster import deploy_yaml
     from cluster.config import DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT
-    from tests.actors.test_draft_step_fuzz import check_answer, good_step, mutations
+    from tests.actors.malformed_steps import check_answer, good_step, mutations
 
     head = deploy_yaml.app_args(deploy_yaml.with_changes(deploy_yaml.load(), absolute=True), DRAFTER_APP_NAME)["head"]
     spec = load_head_spec(head)
@@ -214,7 +171,7 @@ def test_soak_500_requests_leaks_nothing(server, reference):
     rss_before = {a["replica_id"]: _rss_mb(a["pid"]) for a in drafters}
     prompts = [list(reference)[i % NUM_PROMPTS] for i in range(500)]
     start = time.time()
-    results = asyncio.run(_load(prompts, 32, max_tokens=16))
+    results = asyncio.run(send(prompts, 32, 16))
     took = time.time() - start
     errors = [r for _, r in results if isinstance(r, str)]
     assert not errors, errors[:3]
@@ -245,7 +202,7 @@ def test_verifier_killed_requests_end_with_503_then_it_serves_again(server, refe
     import json
     import threading
 
-    from tests.cluster.serve_helpers import post
+    from cluster.harness import post
 
     (verifier,) = replica_actors("Verifier")
     prompt = next(iter(reference))

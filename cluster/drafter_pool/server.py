@@ -4,11 +4,11 @@ Undecorated (``cluster.app`` makes it a deployment with a one-bundle placement g
 resources, and autoscaling). Serve places, health-checks and scales the replicas; the replica starts its
 drafter actor in its own bundle (so the actor gets the replica's CPUs / GPU), and the actor dies with it (Ray
 ends an actor whose owner dies). Verifiers reach the actor straight by its handle, which ``attach`` hands out
-(``cluster.draft_client.ServeDraftClient``): a step's traffic never goes through Serve.
+(``cluster.drafter_pool.client.ServeDraftClient``): a step's traffic never goes through Serve.
 
 Health reflects real health: the actor is alive and answers a one-token draft. Load reports:
 ``record_routing_stats`` (active sequences, for the router's least-loaded choice) and
-``record_autoscaling_stats`` (active sequences and mean draft time, for ``cluster.drafter_autoscaling``).
+``record_autoscaling_stats`` (active sequences and mean draft time, for ``cluster.drafter_pool.autoscaling``).
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ import time
 from typing import Any
 
 from actors.drafter.actor import drafter_actor_class
+from actors.verifier.client import DRAFT_TIMEOUT_S
 
 
 class DrafterServer:
-    async def __init__(self, head_dir: str, target_dir: str, max_model_len: int = 4096, num_threads: int = 1,
+    async def __init__(self, head_dir: str, target_dir: str, max_model_len: int, num_threads: int = 1,
                    branches: dict[str, Any] | None = None, actor_options: dict[str, Any] | None = None,
                    cpu_affinity: list[int] | None = None, engine: dict[str, Any] | None = None,
-                   timeout_s: float = 10.0) -> None:
+                   timeout_s: float = DRAFT_TIMEOUT_S) -> None:
         """``actor_options``: the drafter actor's Ray resources (``num_cpus``, ``num_gpus``, ``resources``).
         ``engine``: the actor's ``dtype``, ``max_num_seqs``, ``kv_cache_gib`` and ``max_k``. ``timeout_s``: how
         long a verifier waits for a draft call here, handed to it with ``attach`` (a drafter setting that verifiers

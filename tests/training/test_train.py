@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from actors.eagle.spec import head_spec_from_dict
-from actors.train import corpus, heads, target
 from tests.conftest import ROOT, toy_target_spec
+from training import corpus, heads, target
 
 
 def _rows(n: int = 6, seq: int = 32) -> torch.Tensor:
@@ -79,7 +79,7 @@ def test_inconsistent_target_sizes_are_refused():
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "actors.train.cli", *args, "--quiet"], cwd=ROOT, capture_output=True, text=True,
+        [sys.executable, "-m", "training.cli", *args, "--quiet"], cwd=ROOT, capture_output=True, text=True,
         timeout=300,
     )
 
@@ -123,3 +123,18 @@ def test_cli_toy_end_to_end(tmp_path):
         head = load_head(out / name, out / "llama4-tiny")
         assert head.spec.vocab_size == 400
     assert json.loads((out / "eagle3-llama4-tiny" / "config.json").read_text())["draft_vocab_size"] == 200
+
+
+def test_unrolled_attention_worked_example():
+    """``UnrolledAttention``: T = 3, step 1: anchor 0 sees {s0: pos 0, s1: pos 1}; anchor 2 sees {s0: 0..2, s1: pos 3}.
+    Zero queries attend uniformly over what they see; one-hot values say which keys those are."""
+    from types import SimpleNamespace
+
+    head = SimpleNamespace(layers=[SimpleNamespace(self_attn=SimpleNamespace(chunk_size=0))])
+    attend = heads.UnrolledAttention(head, seq_len=3)
+    eye = torch.eye(6)
+    zeros = torch.zeros(1, 3, 1, 6)
+    attend(0, zeros, zeros, eye[None, :3, None, :], None)  # step 0: keys of positions 0..2
+    out = attend(0, zeros, zeros, eye[None, 3:, None, :], None)[0]  # step 1: one key per anchor
+    assert out[0].tolist() == [0.5, 0, 0, 0.5, 0, 0]  # s0 at position 0, s1 of anchor 0
+    assert out[2].tolist() == [0.25, 0.25, 0.25, 0, 0, 0.25]  # s0 at 0..2, s1 of anchor 2

@@ -1,9 +1,9 @@
-"""``python -m actors.train.cli {all,target,heads,multimodal}``: makes the checkpoints shipped under ``models/``.
+"""``python -m training.cli {all,target,heads,multimodal}``: makes the checkpoints shipped under ``models/``.
 
     all         tokenizer + target + every head (``make models`` runs it, then ``multimodal``)
     target      tokenizer + the Llama 4 target
     heads       the EAGLE-1 and EAGLE-3 heads, on a target folder made before
-    multimodal  ``llama4-tiny-mm``: the target with a random vision encoder (``actors.train.multimodal``)
+    multimodal  ``llama4-tiny-mm``: the target with a random vision encoder (``training.multimodal``)
 
 Every stage is seeded; progress bars show loss and tokens/s.
 """
@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from actors.eagle.checkpoint import save_head
 from actors.eagle.spec import head_spec_from_dict
-from actors.train import corpus, heads, target
+from training import corpus, heads, target
 
 TARGET_DIR = "llama4-tiny"
 
@@ -58,7 +58,7 @@ def _target_card(spec: target.TargetSpec, train: target.TrainSpec, final_loss: f
     return f"""# llama4-tiny
 
 A {spec.num_hidden_layers}-layer Hugging Face `Llama4ForCausalLM` (`model_type: llama4_text`) trained by
-`python -m actors.train.cli target` on the Python standard library's `.py` files (1 file in
+`python -m training.cli target` on the Python standard library's `.py` files (1 file in
 {corpus.HELDOUT_EVERY} held out). Made to exercise Llama 4's structure at toy scale, not to be useful.
 
 - hidden {spec.hidden_size}, {spec.num_attention_heads} heads, {spec.num_key_value_heads} KV heads, vocab
@@ -114,7 +114,7 @@ def _head_card(recipe: HeadRecipe, cfg: dict, train: heads.HeadTrainSpec, loss: 
         )
     return f"""# {recipe.name}
 
-Draft head for `../{TARGET_DIR}`, made by `python -m actors.train.cli heads`.
+Draft head for `../{TARGET_DIR}`, made by `python -m training.cli heads`.
 
 {kind}
 
@@ -185,7 +185,7 @@ def run_heads(args: argparse.Namespace) -> list[Path]:
 
 
 def run_multimodal(args: argparse.Namespace) -> Path:
-    from actors.train import multimodal
+    from training import multimodal
 
     out_root = _out_dir(args.out)
     target_dir = out_root / TARGET_DIR
@@ -197,7 +197,7 @@ def run_multimodal(args: argparse.Namespace) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m actors.train.cli", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m training.cli", description=__doc__.splitlines()[0])
     p.add_argument("stage", choices=["all", "target", "heads", "multimodal"])
     p.add_argument("--out", default="models", help="folder that receives the checkpoint folders")
     p.add_argument("--corpus", default=str(corpus.default_corpus_dir()), help="folder of .py files")

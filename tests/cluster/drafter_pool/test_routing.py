@@ -11,8 +11,8 @@ import pytest
 
 from actors.messages import DraftResult, DraftStatus, DraftStep, SeqSlice
 from actors.verifier.client import plan_groups
-from cluster.drafter_autoscaling import DrafterLoadPolicy, wanted_replicas
-from cluster.drafter_router import SequenceAffinityRouter, route_key
+from cluster.drafter_pool.autoscaling import DrafterLoadPolicy, wanted_replicas
+from cluster.drafter_pool.router import SequenceAffinityRouter, route_key
 
 
 def test_select_worked_example():
@@ -101,3 +101,19 @@ def test_autoscaling_config_is_valid_for_serve():
     policy = serve_cfg.policy.get_policy()
     assert policy is DrafterLoadPolicy
     assert policy(**serve_cfg.policy.policy_kwargs).target_sequences_per_replica == 8
+
+
+def test_serve_gets_the_classes_and_vllm_the_client_path():
+    import importlib
+
+    from cluster import deploy_yaml
+    from cluster.app import build_drafter_app
+    from cluster.config import DRAFTER_APP_NAME
+    from cluster.drafter_pool.client import SERVE_DRAFT_CLIENT, ServeDraftClient
+
+    module, _, name = SERVE_DRAFT_CLIENT.partition(":")  # as actors.verifier.client.build_client resolves it
+    assert getattr(importlib.import_module(module), name) is ServeDraftClient
+    doc = deploy_yaml.with_changes(deploy_yaml.load(), absolute=True)
+    drafter = build_drafter_app(deploy_yaml.app_args(doc, DRAFTER_APP_NAME))._bound_deployment
+    router = drafter._deployment_config.request_router_config
+    assert router.get_request_router_class() is SequenceAffinityRouter

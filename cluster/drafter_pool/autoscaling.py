@@ -1,7 +1,7 @@
 """``DrafterLoadPolicy``: the drafter deployment's Ray Serve autoscaling policy, on drafter load.
 
 A drafter's request count says little (one call per step per verifier, whatever the batch), so the pool scales
-on what each replica reports in ``record_autoscaling_stats`` (``cluster.drafter_server``), aggregated by Serve
+on what each replica reports in ``record_autoscaling_stats`` (``cluster.drafter_pool.server``), aggregated by Serve
 over the look-back window:
 
 - ``active_sequences``: sequences holding draft state; the pool wants ``target_sequences_per_replica`` each;
@@ -10,7 +10,7 @@ over the look-back window:
 
 The wanted size is the larger of the two; Serve applies ``min_replicas`` / ``max_replicas`` and the up / down
 delays around it (``cluster.config.AutoscalingConfig``). Scale-down needs nothing more: a drained replica's
-sequences are re-homed by ``cluster.drafter_router``.
+sequences are re-homed by ``cluster.drafter_pool.router``.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from transformers import Llama4ForCausalLM
 
 from actors.eagle.heads import DraftHead
 from actors.eagle.spec import DraftMethod, HeadSpec
-from actors.train.target import cosine_lr
+from training.target import cosine_lr
 
 FEATURE_NOISE = 0.1
 CLS_WEIGHT = 0.1

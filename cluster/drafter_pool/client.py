@@ -2,10 +2,10 @@
 
 Runs inside vLLM's engine process (named by import path in ``additional_config``, so ``actors/`` never imports
 Serve). Serve places, health-checks and autoscales the drafter replicas; each replica owns one drafter actor
-(``cluster.drafter_server``), and the per-step traffic goes straight to that actor by its handle
+(``cluster.drafter_pool.server``), and the per-step traffic goes straight to that actor by its handle
 (``actors.verifier.client.DraftClient``: no Serve call on a step's path).
 
-Serve's part is to introduce drafters: ``attach`` on the deployment, routed by ``cluster.drafter_router`` to the
+Serve's part is to introduce drafters: ``attach`` on the deployment, routed by ``cluster.drafter_pool.router`` to the
 least-loaded replica, answers that replica's id, its drafter's actor handle, and the pool's draft-call timeout
 (a drafter setting, so changing it redeploys the drafters, not the verifier). The client asks, blocking, when
 it knows no drafter (until the router names one it knows: the router counts what it sent, so it goes round the
@@ -21,8 +21,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from actors.verifier.client import DraftClient
-from cluster.drafter_router import route_key
+from actors.verifier.client import DRAFT_TIMEOUT_S, DraftClient
+from cluster.drafter_pool.router import route_key
 
 logger = logging.getLogger(__name__)
 MAX_BLOCKING_ATTACHES = 8  # attach calls when the client knows no drafter (it learns the pool, up to this many)
@@ -31,7 +31,7 @@ BLOCKING_BACKOFF_S = 10.0  # ...and, when none answered (the drafter application
 
 
 class ServeDraftClient(DraftClient):
-    def __init__(self, app_name: str, deployment_name: str, timeout_s: float = 10.0, new_group_size: int = 4,
+    def __init__(self, app_name: str, deployment_name: str, timeout_s: float = DRAFT_TIMEOUT_S, new_group_size: int = 4,
                  discover_period_s: float = 1.0, vocab_size: int | None = None) -> None:
         from ray import serve
 
@@ -80,3 +80,8 @@ class ServeDraftClient(DraftClient):
         elif self._attaching is None and now >= self._next_discovery:
             self._next_discovery = now + self.discover_period_s
             self._attaching = self._background.submit(self._attach)
+
+
+# vLLM's engine process builds its draft client from an import path (``actors.verifier.client.build_client``:
+# ``actors/`` never imports ``cluster/``); this is that path, beside the class it names.
+SERVE_DRAFT_CLIENT = f"{ServeDraftClient.__module__}:{ServeDraftClient.__qualname__}"

@@ -1,0 +1,190 @@
+"""What tests, benchmarks and the demo share to drive the project from outside: the shipped models and prompts,
+``serve run`` of a variant of ``deploy/cpu.yaml`` (started, waited for, stopped), plain HTTP calls, and the replicas
+of a running app. Rewriting the YAML itself: ``cluster.deploy_yaml``.
+
+    with serve_run(cpu_yaml(tmp / "app.yaml", drafter={"num_replicas": 2})):
+        status, body = post("/v1/completions", b'{"prompt": "def f(", "max_tokens": 8}')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from cluster import deploy_yaml
+from cluster.config import APP_NAME, DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT, PROJECT_ROOT
+
+MODELS = PROJECT_ROOT / "models"
+TARGET = MODELS / "llama4-tiny"
+EAGLE1 = MODELS / "eagle-llama4-tiny-1l"
+EAGLE1_3L = MODELS / "eagle-llama4-tiny-3l"
+EAGLE3 = MODELS / "eagle3-llama4-tiny"
+HEADS = {"eagle": EAGLE1, "eagle3": EAGLE3}  # speculative_config method -> the shipped head
+SHIPPED_PROMPTS = PROJECT_ROOT / "benchmarks" / "prompts.jsonl"
+
+HTTP = "http://127.0.0.1:8000"
+GRPC = "127.0.0.1:9000"  # Serve's gRPC proxy listens on all interfaces; callers here use loopback
+MODEL = "llama4-tiny"  # the served model name in deploy/cpu.yaml
+BIN = Path(sys.executable).parent  # ray, serve
+
+
+def add_head_args(parser: Any, batches: tuple[int, ...] = (1, 16)) -> None:
+    """The drafter benchmarks' shared options: ``--heads`` (shipped heads by method, default all) and ``--batch``
+    (batch sizes, each a run)."""
+    parser.add_argument("--heads", nargs="*", choices=list(HEADS), default=list(HEADS))
+    parser.add_argument("--batch", type=int, nargs="*", default=list(batches))
+
+
+# --- prompts ----------------------------------------------------------------------------------------------------
+def load_prompts(path: str | Path | None, n: int) -> list[str]:
+    """``n`` prompts from a JSONL file (default: the shipped ``benchmarks/prompts.jsonl``; cycled if it holds
+    fewer)."""
+    path = Path(path) if path else SHIPPED_PROMPTS
+    if not path.is_file():
+        raise SystemExit(f"error: --prompts {path} is not a file")
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"error: --prompts {path}: not JSONL ({e})") from None
+    prompts = [r["prompt"] if isinstance(r, dict) and "prompt" in r else str(r) for r in rows]
+    if not prompts:
+        raise SystemExit(f"error: --prompts {path} holds no prompts")
+    return [prompts[i % len(prompts)] for i in range(n)]
+
+
+def heldout_prompts(n: int, seed: int = 0) -> list[str]:
+    """``n`` prompts from the training corpus's held-out files (``training.corpus``)."""
+    from training import corpus
+
+    return corpus.heldout_prompts(corpus.default_corpus_dir(), n, seed=seed)
+
+
+# --- a deploy YAML served -----------------------------------------------------------------------------------------
+def cpu_yaml(path: Path, grpc: bool = False, drafter: dict[str, Any] | None = None, **sections: Any) -> Path:
+    """``deploy/cpu.yaml`` with its ``args`` sections changed (``cluster.deploy_yaml.with_changes``), model paths
+    absolute, written to ``path``.
+
+    ``grpc=True`` adds Serve's gRPC proxy on ``GRPC`` and turns the app's gRPC on, without a key unless ``ingress``
+    sets one (``allow_unauthenticated``: a test server, up for minutes on a CI machine)."""
+    doc = deploy_yaml.with_changes(deploy_yaml.load(), drafter=drafter, absolute=True, **sections)
+    if grpc:
+        doc["grpc_options"] = {"port": int(GRPC.rsplit(":", 1)[1]), "grpc_servicer_functions": [
+            "cluster.proto.eagle_cluster_pb2_grpc.add_EagleClusterServicer_to_server"]}
+        keyless = "api_key" not in sections.get("ingress", {})
+        deploy_yaml.app_args(doc)["ingress"]["grpc"] = {"enabled": True, "allow_unauthenticated": keyless}
+    return deploy_yaml.write(doc, path)
+
+
+def head_yaml(method: str, tmp: Path, drafter: dict[str, Any] | None = None, name: str = "") -> Path:
+    """``cpu_yaml`` with the shipped head for ``method`` (``HEADS``), written to ``tmp/cluster-{method}{name}.yaml``."""
+    return cpu_yaml(tmp / f"cluster-{method}{name}.yaml", drafter=drafter,
+                    speculative_config={"method": method, "model": str(HEADS[method])})
+
+
+def serve_command(config: Path) -> list[str]:
+    return [str(BIN / "serve"), "run", str(config)]
+
+
+def start(cmd: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen:
+    """A server command in its own process group (``stop`` ends the group), from the project's folder; its output
+    to ``log`` if given, else dropped."""
+    env = {**os.environ, "RAY_DEDUP_LOGS": "0", **(env or {})}
+    with open(log, "wb") if log else contextlib.nullcontext(subprocess.DEVNULL) as out:
+        return subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def wait_healthy(proc: subprocess.Popen, base: str = HTTP, timeout_s: float = 600, log: Path | None = None) -> None:
+    """Until ``base/health`` answers 200; raises if the server exits first (with the end of its ``log``)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-5000:] if log and log.exists() else ""
+            raise RuntimeError(f"server exited with {proc.returncode}\n{tail}")
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(2)
+    raise TimeoutError(f"server not healthy in {timeout_s} s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGINT to the server's process group, SIGKILL after a minute; then ``ray stop`` (what ``serve run`` left)."""
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True)
+
+
+@contextlib.contextmanager
+def serve_run(config: Path, timeout_s: float = 600) -> Iterator[subprocess.Popen]:
+    """``serve run CONFIG`` until the app is healthy (its output in ``CONFIG.log``); stopped afterwards."""
+    log = Path(config).with_suffix(".log")
+    proc = start(serve_command(config), log=log)
+    try:
+        wait_healthy(proc, HTTP, timeout_s, log)
+        yield proc
+    finally:
+        stop(proc)
+
+
+# --- HTTP ---------------------------------------------------------------------------------------------------------
+def get(path: str, timeout: float = 5.0, base: str = HTTP) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(base + path, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def post(path: str, body: bytes, headers: dict | None = None, timeout: float = 60, base: str = HTTP
+         ) -> tuple[int, dict]:
+    """(status, JSON body), or ``{"raw": text}`` for a body that is not JSON (server-sent events)."""
+    headers = {"Content-Type": "application/json", **(headers or {})}
+    req = urllib.request.Request(base + path, data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, raw = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, {"raw": raw.decode(errors="replace")[:2000]}
+
+
+# --- the replicas of a running app (after ray.init(address="auto")) ----------------------------------------------
+def replica_actors(deployment: str) -> list[dict[str, Any]]:
+    """The alive replica actors of one deployment of the app: ``[{"name", "pid", "replica_id", "node_id"}]``."""
+    from ray.util.state import list_actors
+
+    app = DRAFTER_APP_NAME if deployment == DRAFTER_DEPLOYMENT else APP_NAME
+    actors = list_actors(filters=[("class_name", "=", f"ServeReplica:{app}:{deployment}"), ("state", "=", "ALIVE")])
+    return [{"name": a.name, "pid": a.pid, "replica_id": a.name.rsplit("#", 1)[-1], "node_id": a.node_id}
+            for a in actors]
+
+
+def drafter_stats(replica_id: str) -> dict[str, Any]:
+    """One drafter replica's stats, routed to it by the pool's own router (``cluster.drafter_pool.router``)."""
+    from ray import serve
+
+    from cluster.drafter_pool.router import route_key
+
+    handle = serve.get_deployment_handle(DRAFTER_DEPLOYMENT, app_name=DRAFTER_APP_NAME)
+    return handle.options(session_id=route_key(replica_id, 0)).stats.remote().result(timeout_s=30)

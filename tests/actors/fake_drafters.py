@@ -1,0 +1,96 @@
+"""Drafter actors without Ray, for the draft clients' tests: a fake actor whose calls return fake object refs, and
+``fake_ray`` to make ``ray.get`` / ``ray.wait`` read them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+
+from actors.messages import DraftResult, DraftStatus, DraftStep, SeqSlice
+from actors.verifier.client import DraftClient
+
+K = 2
+VOCAB = 100
+
+
+@dataclass
+class Ref:
+    """A fake ``ObjectRef``: ``ray.get`` returns ``value``, or raises ``error``."""
+
+    value: Any = None
+    error: Exception | None = None
+
+
+class Method:
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def remote(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+class FakeDrafter:
+    """A drafter actor: ``propose`` answers ``answer(step)`` (a ``DraftResult`` or an exception for ``ray.get``);
+    ``free`` and a step's ``finished`` record what it was asked to free (``free`` raises with ``free_raises``)."""
+
+    def __init__(self, answer, free_raises: bool = False) -> None:
+        self.answer, self.free_raises = answer, free_raises
+        self.freed: list[str] = []
+        self.propose = Method(self._propose)
+        self.free = Method(self._free)
+        self.branches = Method(lambda req_ids: Ref(error=AssertionError("no branches asked of a sync drafter")))
+
+    def _propose(self, step_bytes: bytes, hidden: np.ndarray) -> Ref:
+        step = DraftStep.unpack(step_bytes)
+        self.freed += step.finished  # as the engine does first thing
+        out = self.answer(step)
+        return Ref(error=out) if isinstance(out, Exception) else Ref(out.pack())
+
+    def _free(self, req_ids: list[str]) -> Ref:
+        if self.free_raises:
+            raise RuntimeError("actor handle unusable")
+        self.freed += req_ids
+        return Ref(0)
+
+
+def good(step: DraftStep) -> DraftResult:
+    return DraftResult(step.step_id, DraftStatus.OK, np.ones((len(step.seqs), K), np.int32))
+
+
+def out_of_vocab(step: DraftStep) -> DraftResult:
+    return DraftResult(step.step_id, DraftStatus.OK, np.full((len(step.seqs), K), VOCAB + 5, np.int32))
+
+
+def timed_out(step: DraftStep) -> Exception:
+    return ray.exceptions.GetTimeoutError("drafter too slow")
+
+
+def fake_ray(monkeypatch) -> None:
+    """``ray.get`` / ``ray.wait`` read fake refs (a test's ``monkeypatch``)."""
+    def get(ref: Ref, timeout: float | None = None) -> Any:
+        if ref.error is not None:
+            raise ref.error
+        return ref.value
+
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(ray, "wait", lambda refs, timeout=None: (list(refs), []))
+
+
+class Pool(DraftClient):
+    """A draft client over fake drafters: ``{drafter id: (FakeDrafter, its reported load)}``."""
+
+    def __init__(self, drafters: dict[str, tuple[FakeDrafter, int]], drafts_branches: bool = False) -> None:
+        super().__init__(timeout_s=1.0, vocab_size=VOCAB)
+        self.drafters, self.drafts_branches = drafters, drafts_branches
+
+    def _discover(self, blocking: bool) -> None:
+        for drafter_id, (actor, load) in self.drafters.items():
+            self._add_link(drafter_id, actor, {"drafts_branches": self.drafts_branches, "active_sequences": load})
+
+
+def step_of(step_id: int, req_ids: list[str], finished: list[str] | None = None) -> tuple[DraftStep, np.ndarray]:
+    seqs = [SeqSlice(rid, i, 1, 10 + step_id) for i, rid in enumerate(req_ids)]
+    return DraftStep(step_id, K, seqs, np.ones(len(seqs), np.int32), finished or []), np.zeros((len(seqs), 4))

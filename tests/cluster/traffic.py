@@ -1,0 +1,50 @@
+"""Load against a served app, for the tests that serve it for real: greedy completions sent at a concurrency, and the
+check that every output equals the target-only reference token for token."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from cluster.harness import HTTP, MODEL
+
+
+async def _one(client, prompt: str, max_tokens: int) -> tuple[str, list[int] | str]:
+    try:
+        out = await client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        )
+        return prompt, list(out.choices[0].token_ids)
+    except Exception as e:
+        return prompt, f"{type(e).__name__}: {e}"
+
+
+async def send(prompts: list[str], concurrency: int, max_tokens: int, during=None) -> list[tuple[str, list[int] | str]]:
+    """Send ``prompts`` at ``concurrency`` (greedy, ``max_tokens`` each): (prompt, token ids or the error) each;
+    ``during(elapsed_s)`` is polled every 0.2 s meanwhile."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=HTTP + "/v1", api_key="unused", max_retries=0, timeout=300)
+    sem = asyncio.Semaphore(concurrency)
+
+    async def guarded(p):
+        async with sem:
+            return await _one(client, p, max_tokens)
+
+    start = time.time()
+    tasks = [asyncio.create_task(guarded(p)) for p in prompts]
+    while during is not None and not all(t.done() for t in tasks):
+        await asyncio.to_thread(during, time.time() - start)
+        await asyncio.sleep(0.2)
+    results = await asyncio.gather(*tasks)
+    await client.close()
+    return results
+
+
+def check_exact(results, reference: dict[str, list[int]]) -> None:
+    """Every request answered, each with the reference's token ids (``vllm_helpers.reference``)."""
+    failed = [r for _, r in results if isinstance(r, str)]
+    assert not failed, failed[:3]
+    wrong = [p for p, ids in results if ids != reference[p]]
+    assert not wrong, f"{len(wrong)} outputs differ from target-only"
