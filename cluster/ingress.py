@@ -298,7 +298,12 @@ class Ingress:
     async def generate(self, prompt: str, **sampling: Any) -> dict[str, Any]:
         """``serve.get_app_handle(app).generate.remote("def f(", max_tokens=16)`` -> an OpenAI completion dict."""
         req = completion_request(prompt, sampling, stream=False)
-        async for reply in self.verifier.options(stream=True).completions.remote(req):
+        return await self._whole(self.verifier.options(stream=True).completions.remote(req))
+
+    @staticmethod
+    async def _whole(replies) -> dict[str, Any]:
+        """The body of a non-streaming verifier call's one ``VerifierReply``, or ``VerifierError``."""
+        async for reply in replies:
             if reply.status != 200:
                 raise VerifierError(reply.status, _error_message(reply.body))
             return reply.body
@@ -313,11 +318,7 @@ class Ingress:
         req = parse_request(json.dumps({"messages": messages, **sampling, "stream": False}).encode(),
                             ChatCompletionRequest, self.config.max_n)
         self._check_images(req)
-        async for _kind, payload in self.verifier.options(stream=True).chat.remote(req):
-            if payload["status"] != 200:
-                raise VerifierError(payload["status"], _error_message(payload["body"]))
-            return payload["body"]
-        raise RuntimeError("empty response from the verifier")
+        return await self._whole(self.verifier.options(stream=True).chat.remote(req))
 
     async def _stream(self, prompt: str, sampling: dict[str, Any]) -> AsyncGenerator[tuple[str, str], None]:
         """(new text, finish reason or "") for each streamed chunk."""
