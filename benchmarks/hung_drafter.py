@@ -35,11 +35,8 @@ from cluster.harness import (
     drafter_stats,
     load_prompts,
     replica_actors,
-    serve_command,
-    stop,
-    wait_healthy,
+    serve_run,
 )
-from cluster.harness import start as start_server
 
 
 def reference(prompts: list[str], max_tokens: int) -> dict[str, list[int]]:
@@ -148,15 +145,15 @@ def main(argv: list[str] | None = None) -> None:
 
     prompts = load_prompts(None, args.num_prompts)
     ref = reference(prompts, args.max_tokens)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = cpu_yaml(Path(tmp) / "hung.yaml", drafter={"num_replicas": 2, "num_cpus": 0.5})
-        proc = start_server(serve_command(path))
+    marks: dict = {}
+    pids: dict[str, int] = {}
+    with tempfile.TemporaryDirectory() as tmp, serve_run(
+            cpu_yaml(Path(tmp) / "hung.yaml", drafter={"num_replicas": 2, "num_cpus": 0.5})):
         try:
-            wait_healthy(proc, BASE)
             ray.init(address="auto", namespace="hung-drafter", log_to_driver=False)
             pids = drafter_actor_pids()
             warm_up(len(pids))
-            marks: dict = {"start": spec()}
+            marks["start"] = spec()
             start = time.time()
             stop_at = start + args.warmup_s
 
@@ -187,7 +184,6 @@ def main(argv: list[str] | None = None) -> None:
             if "stopped" in marks and "resumed" not in marks:
                 os.kill(pids[marks["victim"]], signal.SIGCONT)
             ray.shutdown()
-            stop(proc)
     events = [(round(t - marks["stopped"], 2), kind, n) for t, kind, n in client["events"] if t >= marks["stopped"]]
     before = marks["before"] - marks["start"]
     during = marks["during"] - marks["before"]

@@ -23,8 +23,7 @@ from pathlib import Path
 
 from benchmarks.overload import memory
 from cluster.harness import HTTP as BASE
-from cluster.harness import MODEL, cpu_yaml, load_prompts, serve_command, stop, wait_healthy
-from cluster.harness import start as start_server
+from cluster.harness import MODEL, cpu_yaml, load_prompts, serve_run
 
 
 class Scraper(threading.Thread):
@@ -79,24 +78,19 @@ def main(argv: list[str] | None = None) -> None:
 
     prompts = load_prompts(None, args.num_prompts)
     mem: dict[str, dict[str, float]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        proc = start_server(serve_command(cpu_yaml(Path(tmp) / "soak.yaml")))
-        try:
-            wait_healthy(proc, BASE)
-            scraper = Scraper()
+    with tempfile.TemporaryDirectory() as tmp, serve_run(cpu_yaml(Path(tmp) / "soak.yaml")):
+        scraper = Scraper()
 
-            def progress(done: int) -> None:  # memory at every tenth of the run
-                if done % max(1, args.requests // 10) == 0:
-                    mem[done] = memory(split=True)
+        def progress(done: int) -> None:  # memory at every tenth of the run
+            if done % max(1, args.requests // 10) == 0:
+                mem[done] = memory(split=True)
 
-            scraper.start()
-            start = time.time()
-            result = asyncio.run(load(prompts, args.requests, args.concurrency, args.max_tokens, progress))
-            took = time.time() - start
-            scraper.done.set()
-            scraper.join()
-        finally:
-            stop(proc)
+        scraper.start()
+        start = time.time()
+        result = asyncio.run(load(prompts, args.requests, args.concurrency, args.max_tokens, progress))
+        took = time.time() - start
+        scraper.done.set()
+        scraper.join()
     scrapes = [s for s in scraper.scrapes if start <= s[0]]
     tenth = max(1, len(scrapes) // 10)
     first, last = scrapes[:tenth], scrapes[-tenth:]

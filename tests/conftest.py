@@ -56,3 +56,14 @@ def toy_heads(toy_target, tmp_path_factory):
         save_head(head, root / name, cfg, dtype=torch.float32)
         out[name] = root / name
     return root / "target", out
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(request):
+    """A local Ray cluster (4 CPUs) for one test module, in the module's ``NS`` namespace (its named drafter
+    actors live there)."""
+    import ray
+
+    ray.init(namespace=request.module.NS, num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()

@@ -12,7 +12,6 @@ from the placeholder ids): the cluster with ``mm_embeds: false`` matches it with
 from __future__ import annotations
 
 import pytest
-import ray
 
 from cluster import image_runs as mm
 from tests.actors import vllm_helpers as vh
@@ -21,13 +20,6 @@ pytestmark = pytest.mark.slow
 NS = "test-remote-multimodal"
 K = 3
 MAX_TOKENS = 32
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(namespace=NS, num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

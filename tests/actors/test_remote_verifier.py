@@ -30,13 +30,6 @@ K = 3
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(namespace=NS, num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def greedy():
     from vllm import SamplingParams
 
