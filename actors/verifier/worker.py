@@ -146,11 +146,10 @@ class RemoteDraftWorker(_PlatformWorker):
         return timed
 
     def eagle_cluster_stats(self) -> dict[str, Any]:
-        drafter = getattr(self.model_runner, "drafter", None)
-        st = drafter.state if isinstance(drafter, RemoteEagleProposer) else ProposerState()
+        drafter, st, is_driver, client = self._proposer()
         return {
-            "is_driver": drafter.is_driver if isinstance(drafter, RemoteEagleProposer) else self.rank == 0,
-            **st.stats(drafter.client.stats() if hasattr(getattr(drafter, "client", None), "stats") else {}).to_dict(),
+            "is_driver": is_driver,
+            **st.stats(client).to_dict(),
             # image rows shipped, and steps that were handed image embeddings (vLLM gathered them)
             "mm_rows_shipped": getattr(drafter, "mm_rows_shipped", 0),
             "mm_steps": getattr(drafter, "mm_steps", 0),
@@ -165,13 +164,18 @@ class RemoteDraftWorker(_PlatformWorker):
         """``ProposerStats`` with the counters only (no per-request table, no per-step timings, the client's counts
         but not its events): what ``/metrics`` reads on every scrape, so a scrape costs the same after a day as
         after a minute."""
+        _, st, is_driver, client = self._proposer()
+        counts = {k: client[k] for k in COUNTER_KEYS if k in client}
+        return {"is_driver": is_driver, **st.stats(counts, counters_only=True).to_dict()}
+
+    def _proposer(self) -> tuple[Any, ProposerState, bool, dict[str, Any]]:
+        """(the runner's drafter, its proposer state, whether this rank is the driver, its draft client's stats);
+        an empty state and no client stats where the drafter is not the remote proposer."""
         drafter = getattr(self.model_runner, "drafter", None)
-        st = drafter.state if isinstance(drafter, RemoteEagleProposer) else ProposerState()
-        client = drafter.client.stats() if hasattr(getattr(drafter, "client", None), "stats") else {}
-        return {
-            "is_driver": drafter.is_driver if isinstance(drafter, RemoteEagleProposer) else self.rank == 0,
-            **st.stats({k: client[k] for k in COUNTER_KEYS if k in client}, counters_only=True).to_dict(),
-        }
+        if not isinstance(drafter, RemoteEagleProposer):
+            return drafter, ProposerState(), self.rank == 0, {}
+        client = drafter.client.stats() if hasattr(drafter.client, "stats") else {}
+        return drafter, drafter.state, drafter.is_driver, client
 
     def eagle_cluster_reset_stats(self) -> None:
         drafter = getattr(self.model_runner, "drafter", None)
