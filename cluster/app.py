@@ -1,8 +1,11 @@
 """The application builders for ``serve run`` / ``serve deploy``: two Serve applications.
 
-    eagle-cluster (cluster.app:build_app)                             eagle-drafters (cluster.app:build_drafter_app)
-    Ingress (HTTP, gRPC, handle) ──handle──► Verifier (vLLM AsyncLLM, TP bundles) ──actor calls──► drafter actors
-                                                                      ──handle (attach)──► Drafter (1..M replicas)
+    eagle-cluster (cluster.app:build_app)                           eagle-drafters (cluster.app:build_drafter_app)
+    Verifier = the ingress (HTTP, gRPC, handle; vLLM AsyncLLM, TP bundles) ──actor calls──► drafter actors
+                                                                 ──handle (attach)──► Drafter (1..M replicas)
+
+The verifier deployment is the application's ingress, as vLLM's API server is one process with its engine: Serve's
+proxy routes HTTP and gRPC to the verifier replicas, and nothing sits between parsing a request and the engine.
 
 Each drafter replica owns the drafter actor its bundle's resources go to (``cluster.drafter_pool.server``); verifiers
 learn the actors through ``attach`` on the drafter application's deployment, routed by
@@ -17,7 +20,7 @@ application whose ``args`` changed:
     change                                          restarts
     eagle-drafters args (replicas, autoscaling,     the Drafter replicas (rolling); the verifier's engine stays up,
       resources, timeout_s, async_drafting, ...)    in-flight requests finish (their sequences re-home)
-    eagle-cluster args (verifier, speculative_      the Verifier (a new vLLM engine) and the Ingress
+    eagle-cluster args (verifier, speculative_      the Verifier (a new vLLM engine)
       config, ingress)
     the target or head path                         both applications (both name it)
 
@@ -35,11 +38,13 @@ from ray.serve.config import RequestRouterConfig
 from cluster.config import DRAFTER_DEPLOYMENT, DrafterPoolConfig, EagleClusterConfig
 from cluster.drafter_pool.router import SequenceAffinityRouter
 from cluster.drafter_pool.server import DrafterServer
-from cluster.ingress import Ingress
 from cluster.verifier_server import VerifierServer
 
 VERIFIER = "Verifier"
-INGRESS = "Ingress"
+# The verifier replica's user code runs on the replica's own event loop, not a thread of its own: one thread hop
+# fewer per request and per streamed chunk (its methods only await). The draft client's synchronous handle calls run
+# in vLLM's engine process, not here, so Serve's router keeps its own loop (RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP).
+VERIFIER_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
 
 
 def build_drafter_app(args: dict[str, Any]) -> Application:
@@ -76,34 +81,22 @@ def build_drafter_app(args: dict[str, Any]) -> Application:
 
 
 def build_app(args: dict[str, Any]) -> Application:
-    """The verifier and its ingress; drafts come from the drafter application named ``drafter_app``."""
+    """The verifier, which is the ingress; drafts come from the drafter application named ``drafter_app``."""
     cfg = EagleClusterConfig.model_validate(args)
     v = cfg.verifier
     bundle = {"GPU": 1, "CPU": v.num_cpus} if v.accelerator == "gpu" else {"CPU": v.num_cpus}
     bundle.update(v.resources)
-    verifier = serve.deployment(VerifierServer).options(
+    verifier = serve.deployment(serve.ingress()(VerifierServer)).options(
         name=VERIFIER,
         num_replicas=v.num_replicas,
-        ray_actor_options={"num_cpus": v.num_cpus, "num_gpus": v.replica_gpus},  # the replica runs in bundle 0
+        ray_actor_options={"num_cpus": v.num_cpus, "num_gpus": v.replica_gpus,  # the replica runs in bundle 0
+                           "runtime_env": {"env_vars": dict(VERIFIER_ENV)}},
         placement_group_bundles=[dict(bundle) for _ in range(v.tensor_parallel_size)],
         placement_group_strategy="STRICT_PACK",
         health_check_period_s=10,
-        max_ongoing_requests=max(64, 2 * v.max_num_seqs),
-    ).bind(v.model_dump(), cfg.speculative_config.model_dump(), cfg.drafter_app)
-
-    ingress = serve.deployment(serve.ingress()(Ingress)).options(
-        name=INGRESS,
-        num_replicas=cfg.ingress.num_replicas,
-        ray_actor_options={"num_cpus": 0},
-        max_ongoing_requests=max(1000, 2 * cfg.ingress.max_inflight_requests),  # over it, Serve would queue
-    ).bind(verifier, ingress_args(cfg), v.name)
-    return ingress
-
-
-def ingress_args(cfg: EagleClusterConfig) -> dict[str, Any]:
-    """The ingress section, with the image limit defaulting to the verifier engine's ``limit_mm_per_prompt``."""
-    out = cfg.ingress.model_dump()
-    limit = (cfg.verifier.engine_kwargs.get("limit_mm_per_prompt") or {})
-    if out["max_images_per_request"] is None and isinstance(limit, dict) and isinstance(limit.get("image"), int):
-        out["max_images_per_request"] = limit["image"]
-    return out
+        # Admission is the replica's own (ingress.max_inflight_requests: 503 with Retry-After); past this Serve
+        # would queue requests in its proxy instead.
+        max_ongoing_requests=max(1000, 2 * cfg.ingress.max_inflight_requests),
+        logging_config={"enable_access_log": cfg.ingress.access_log},
+    )
+    return verifier.bind(cfg)

@@ -6,7 +6,7 @@ The verifier application (``cluster.app:build_app``, ``EagleClusterConfig``):
       verifier:    {model, served_model_name, tensor_parallel_size, max_model_len, engine_kwargs, num_replicas, ...}
       speculative_config: {method: eagle|eagle3, model, num_speculative_tokens, ...}   # vLLM's keys, as in the seeds
       ingress:     {api_key, grpc: {enabled, allow_unauthenticated}, metrics_require_api_key, max_body_bytes, max_n,
-                    max_inflight_requests, retry_after_s, num_replicas}
+                    max_inflight_requests, retry_after_s, max_images_per_request, allow_remote_images}
       drafter_app: eagle-drafters          # the drafter application's name
 
 The drafter application (``cluster.app:build_drafter_app``, ``DrafterPoolConfig``), a Serve application of its
@@ -298,13 +298,21 @@ class IngressConfig(_Strict):
         256, ge=1, description="generation requests in flight per ingress replica (HTTP and gRPC); past it: HTTP 503 "
         "with Retry-After, gRPC UNAVAILABLE")
     retry_after_s: int = Field(1, ge=1, description="the Retry-After of those 503s")
-    num_replicas: int = Field(1, ge=1)
+    access_log: bool = Field(False, description="Serve's per-request access log lines for the verifier replicas")
     max_images_per_request: int | None = Field(
         None, ge=0, description="chat requests with more image parts get 400 (default: the verifier's "
         "engine_kwargs.limit_mm_per_prompt.image, when set)")
     allow_remote_images: bool = Field(
         False, description="image_url parts with http(s) URLs are fetched by the verifier; if false (default) they "
         "get 400 and only base64 data URLs are taken")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_replicas(cls, v: Any) -> Any:
+        if isinstance(v, dict) and "num_replicas" in v:
+            raise ValueError("ingress.num_replicas: the verifier replicas are the HTTP and gRPC ingress (there is no "
+                             "separate ingress deployment): set verifier.num_replicas instead")
+        return v
 
     @model_validator(mode="after")
     def _grpc_needs_key(self) -> IngressConfig:
@@ -342,6 +350,14 @@ class EagleClusterConfig(_Strict):
     speculative_config: SpeculativeConfig
     ingress: IngressConfig = Field(default_factory=IngressConfig)
     drafter_app: str = Field(DRAFTER_APP_NAME, min_length=1, description="the drafter application's name")
+
+    def ingress_for_verifier(self) -> IngressConfig:
+        """The ingress section, with the image limit defaulting to the verifier engine's ``limit_mm_per_prompt``."""
+        limit = self.verifier.engine_kwargs.get("limit_mm_per_prompt") or {}
+        if self.ingress.max_images_per_request is None and isinstance(limit, dict) and isinstance(
+                limit.get("image"), int):
+            return self.ingress.model_copy(update={"max_images_per_request": limit["image"]})
+        return self.ingress
 
     @field_validator("verifier", mode="before")
     @classmethod

@@ -1,4 +1,4 @@
-"""The ingress's HTTP gate: an ASGI middleware in front of every route (``Ingress.__serve_build_asgi_app__``).
+"""The ingress's HTTP gate: an ASGI middleware in front of every route (``VerifierServer.__serve_build_asgi_app__``).
 
 It answers, before any route runs, a request that must not get through, in this order:
 
@@ -21,19 +21,13 @@ from typing import Any
 
 from cluster.admission import InflightLimit, Overloaded
 from cluster.api_key import ApiKey
+from cluster.errors import error_body
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
-    kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "RequestTooLarge",
-            500: "InternalServerError", 503: "ServiceUnavailable"}
-    return {"error": {"message": message, "type": kind.get(status, "Error"), "param": param, "code": status}}
 
 
 async def send_error(send: Send, status: int, message: str, headers: dict[str, str] | None = None) -> None:

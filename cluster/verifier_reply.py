@@ -1,19 +1,22 @@
-"""``VerifierReply``: what the verifier deployment streams back to the ingress for one OpenAI request.
+"""``VerifierReply``: what the engine side of the verifier replica (``cluster.verifier_engine``) answers for one
+OpenAI request, for its HTTP, gRPC and handle surfaces (``cluster.verifier_server``) to send on.
 
-``completions`` / ``chat`` (``cluster.verifier_server``) are async generators of replies: one ``JSON`` reply for a
-whole response or an error (its HTTP status and body), or one ``SSE`` reply per server-sent event when streaming.
+Either a whole answer (``JSON``: a response or an error, with its HTTP status), or a stream (``STREAM``: vLLM's
+own async iterator of server-sent events, ``data: {...}\\n\\n`` then ``data: [DONE]\\n\\n``, passed on as vLLM's API
+server passes it: nothing re-wrapped per chunk).
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 
 class ReplyKind(enum.Enum):
     JSON = "json"  # a whole response, or an error: ``status`` and ``body``
-    SSE = "sse"  # one server-sent event of a stream (``data: ...\n\n``): ``event``
+    STREAM = "stream"  # server-sent events: ``events``
 
 
 @dataclass(frozen=True)
@@ -21,12 +24,12 @@ class VerifierReply:
     kind: ReplyKind
     status: int = 200
     body: dict[str, Any] = field(default_factory=dict)
-    event: str = ""
+    events: AsyncIterator[str] | None = None
 
     @classmethod
     def json(cls, status: int, body: dict[str, Any]) -> VerifierReply:
         return cls(ReplyKind.JSON, status=status, body=body)
 
     @classmethod
-    def sse(cls, event: str) -> VerifierReply:
-        return cls(ReplyKind.SSE, event=event)
+    def stream(cls, events: AsyncIterator[str]) -> VerifierReply:
+        return cls(ReplyKind.STREAM, events=events)

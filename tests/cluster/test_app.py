@@ -38,9 +38,8 @@ def test_a_target_change_restarts_both_applications(tmp_path):
 
 def test_the_verifier_reaches_the_drafter_application_by_name():
     doc = deploy_yaml.with_changes(deploy_yaml.load(), absolute=True)
-    ingress = build_app(deploy_yaml.app_args(doc, APP_NAME))._bound_deployment  # Serve keeps it privately
-    verifier = ingress.init_args[0]._bound_deployment
-    assert verifier.init_args[-1] == DRAFTER_APP_NAME
+    verifier = build_app(deploy_yaml.app_args(doc, APP_NAME))._bound_deployment  # Serve keeps it privately
+    assert verifier.name == "Verifier" and verifier.init_args[0].drafter_app == DRAFTER_APP_NAME
     drafter = build_drafter_app(deploy_yaml.app_args(doc, DRAFTER_APP_NAME))._bound_deployment
     assert drafter.name == DRAFTER_DEPLOYMENT
     assert drafter.init_args[-1] == 10.0  # the draft-call timeout, handed to verifiers through attach

@@ -1,6 +1,6 @@
-"""Ingress logic without Serve: request parsing (4xx with reasons) and the API key, on HTTP and gRPC. HTTP goes
-through the app Serve would build (``Ingress.__serve_build_asgi_app__``) with starlette's ``TestClient``, in front
-of a fake verifier handle."""
+"""The verifier replica's surfaces without Serve or vLLM: request parsing (4xx with reasons) and the API key, on
+HTTP and gRPC. HTTP goes through the app Serve would build (``VerifierServer.__serve_build_asgi_app__``) with
+starlette's ``TestClient``, in front of a fake engine (``tests.cluster.fake_verifier.FakeEngine``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,12 @@ import json
 import pytest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-from cluster.ingress import INTERNAL_MESSAGE, BadRequest, GrpcAbort, Ingress, grpc_code, parse_request
+from cluster.config import IngressConfig
+from cluster.errors import INTERNAL_MESSAGE, BadRequest, GrpcAbort, grpc_code
+from cluster.openai_requests import parse_request
 from cluster.verifier_reply import VerifierReply
+from cluster.verifier_server import VerifierServer
+from tests.cluster.fake_verifier import FakeEngine
 from tests.conftest import EAGLE3, TARGET
 
 CFG = {
@@ -45,36 +49,7 @@ def test_parse_request_accepts_openai_body():
     assert req.max_tokens == 3
 
 
-class _Call:
-    def __init__(self, fn) -> None:
-        self.fn = fn
-
-    def remote(self, *args, **kwargs):
-        return self.fn(*args, **kwargs)
-
-
-class FakeVerifier:
-    """What the ingress calls on the verifier deployment's handle, answering at once; counts completions calls."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def options(self, **_):
-        return self
-
-    async def _completions(self, req):
-        self.calls += 1
-        body = {"object": "text_completion", "model": "llama4-tiny", "choices": [{"index": 0, "text": "ok"}]}
-        yield VerifierReply.json(200, body)
-
-    async def _value(self, value):
-        return value
-
-    completions = property(lambda self: _Call(self._completions))
-    chat = completions
-    models = property(lambda self: _Call(lambda: self._value({"object": "list", "data": [{"id": "llama4-tiny"}]})))
-    check_health = property(lambda self: _Call(lambda: self._value(None)))
-    metrics = property(lambda self: _Call(lambda: self._value("vllm:spec_decode_num_drafts_total 1.0\n")))
+FakeVerifier = FakeEngine
 
 
 class _GrpcContext:
@@ -91,10 +66,9 @@ class _GrpcContext:
         self.details = details
 
 
-def _ingress(verifier=None, **ingress_cfg) -> Ingress:
-    ingress = Ingress.__new__(Ingress)
-    Ingress.__init__(ingress, verifier=verifier, ingress=ingress_cfg, model_name="llama4-tiny")
-    return ingress
+def _ingress(verifier=None, **ingress_cfg) -> VerifierServer:
+    return VerifierServer.with_engine(verifier or FakeEngine(), IngressConfig.model_validate(ingress_cfg),
+                                      "llama4-tiny")
 
 
 def _http(**ingress_cfg):
@@ -220,12 +194,11 @@ class GatedVerifier(FakeVerifier):
         super().__init__()
         self.gate = asyncio.Event()
 
-    async def _completions(self, req):
+    async def completions(self, req):
         self.calls += 1
         await self.gate.wait()
-        async for item in super()._completions(req):
-            self.calls -= 1  # counted above already
-            yield item
+        self.calls -= 1  # counted below again
+        return await super().completions(req)
 
 
 def test_overload_is_503_with_retry_after_not_a_queue():
@@ -288,14 +261,22 @@ OPEN_GRPC = {"grpc": {"enabled": True, "allow_unauthenticated": True}}
 
 
 class ScriptedVerifier(FakeVerifier):
-    """Completions answer ``items`` (``VerifierReply``), then raise ``error`` if given."""
+    """Completions answer ``items``: one ``VerifierReply`` (a whole answer), or SSE events streamed; then raise
+    ``error`` if given (before answering when there are no items, else mid-stream)."""
 
     def __init__(self, items=(), error: BaseException | None = None) -> None:
         super().__init__()
         self.items, self.error = list(items), error
 
-    async def _completions(self, req):
+    async def completions(self, req):
         self.calls += 1
+        if self.items and isinstance(self.items[0], VerifierReply):
+            return self.items[0]
+        if not self.items and self.error is not None:
+            raise self.error
+        return VerifierReply.stream(self._events())
+
+    async def _events(self):
         for item in self.items:
             yield item
         if self.error is not None:
@@ -306,9 +287,9 @@ def _error_json(status: int, message: str):
     return VerifierReply.json(status, {"error": {"message": message, "type": "X", "code": status}})
 
 
-def _sse(text: str) -> VerifierReply:
+def _sse(text: str) -> str:
     chunk = {"choices": [{"index": 0, "text": text, "finish_reason": None}]}
-    return VerifierReply.sse(f"data: {json.dumps(chunk)}\n\n")
+    return f"data: {json.dumps(chunk)}\n\n"
 
 
 def _run_grpc(ingress, request, stream: bool):
@@ -433,21 +414,23 @@ def test_grpc_error_event_inside_a_stream():
     from cluster.proto import eagle_cluster_pb2 as pb
 
     event = json.dumps({"error": {"message": "prompt too long", "type": "BadRequestError", "code": 400}})
-    verifier = ScriptedVerifier([_sse("def"), VerifierReply.sse(f"data: {event}\n\n"), _sse("never")])
+    verifier = ScriptedVerifier([_sse("def"), f"data: {event}\n\n", _sse("never")])
     replies, ctx, abort = _run_grpc(_ingress(verifier, **OPEN_GRPC), pb.GenerateRequest(prompt="x"), stream=True)
     assert [r.text for r in replies] == ["def"] and abort is not None
     assert ctx.code == grpc.StatusCode.INVALID_ARGUMENT and ctx.details == "prompt too long"
     event = json.dumps({"error": {"message": "Internal server error", "type": "InternalServerError", "code": 500}})
-    verifier = ScriptedVerifier([VerifierReply.sse(f"data: {event}\n\n")])
+    verifier = ScriptedVerifier([f"data: {event}\n\n"])
     _, ctx, abort = _run_grpc(_ingress(verifier, **OPEN_GRPC), pb.GenerateRequest(prompt="x"), stream=True)
     assert ctx.code == grpc.StatusCode.INTERNAL and abort is not None
 
 
 def _dead() -> list[BaseException]:
+    """What the engine raises once its core process is gone (vLLM's ``EngineDeadError``), and what a call through
+    Ray raises when an actor it needs died."""
     from ray.exceptions import ActorDiedError, ActorUnavailableError
-    from ray.serve.exceptions import BackPressureError
+    from vllm.v1.engine.exceptions import EngineDeadError
 
-    return [ActorDiedError(), ActorUnavailableError("restarting", None), BackPressureError(8, 8)]
+    return [EngineDeadError(), ActorDiedError(), ActorUnavailableError("restarting", None)]
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -474,7 +457,7 @@ def test_http_dead_verifier_is_503_a_bug_is_500(caplog):
         r = http.post("/v1/completions", json=COMPLETION)
         assert r.status_code == 503 and "verifier unavailable" in r.json()["error"]["message"]
     http = TestClient(_ingress(ScriptedVerifier(error=KeyError("secret_internal_name"))).__serve_build_asgi_app__())
-    with caplog.at_level("ERROR", logger="cluster.ingress"):
+    with caplog.at_level("ERROR", logger="cluster.errors"):
         r = http.post("/v1/completions", json=COMPLETION)
     assert r.status_code == 500 and r.json()["error"]["message"] == INTERNAL_MESSAGE
     assert "secret_internal_name" not in r.text
@@ -494,7 +477,7 @@ def test_http_stream_failure_mid_stream_says_which():
 
 
 class BrokenVerifier(FakeVerifier):
-    """Every call raises ``error`` (as a handle call does when the verifier is gone, or when it failed)."""
+    """Every call raises ``error`` (as the engine does when its core process is gone, or when it failed)."""
 
     def __init__(self, error: BaseException) -> None:
         super().__init__()
@@ -503,15 +486,7 @@ class BrokenVerifier(FakeVerifier):
     async def _raise(self, *_):
         raise self.error
 
-    completions = property(lambda self: _Call(self._raise_gen))
-    chat = completions
-    models = property(lambda self: _Call(self._raise))
-    check_health = property(lambda self: _Call(self._raise))
-    metrics = property(lambda self: _Call(self._raise))
-
-    async def _raise_gen(self, *_):
-        raise self.error
-        yield  # an async generator, as the verifier's completions
+    completions = chat = models = check_health = metrics = _raise
 
 
 def test_models_metrics_health_say_which_without_internals():
@@ -525,7 +500,8 @@ def test_models_metrics_health_say_which_without_internals():
             assert r.json()["error"]["code"] == status
         r = http.get("/health")
         assert r.status_code == 503 and "secret_internal_name" not in r.text
-        assert r.json()["reason"] == ("verifier unavailable: ActorDiedError" if status == 503 else "verifier unhealthy")
+        reason = "verifier unavailable: EngineDeadError" if status == 503 else "verifier unhealthy"
+        assert r.json()["reason"] == reason
         assert http.post("/v1/completions", json=COMPLETION).status_code == status
 
 
@@ -537,7 +513,6 @@ def test_grpc_abort_survives_the_trip_to_the_proxy():
     import grpc
     from ray.serve.exceptions import gRPCStatusError
 
-    from cluster.ingress import GrpcAbort
 
     code = grpc.StatusCode.INVALID_ARGUMENT
     abort = pickle.loads(pickle.dumps(GrpcAbort(code, "prompt: empty")))

@@ -1,6 +1,7 @@
-"""Images in chat requests at the ingress (``cluster.images``): good data URLs pass to the verifier; malformed ones,
-unsupported types, remote URLs (unless allowed) and too many images are a 400 naming the part, and the ingress
-keeps serving. Through the HTTP app Serve would build, in front of the fake verifier of ``test_ingress``."""
+"""Images in chat requests at the verifier replica (``cluster.images``): good data URLs pass to the engine;
+malformed ones, unsupported types, remote URLs (unless allowed) and too many images are a 400 naming the part, and
+the replica keeps serving. Through the HTTP app Serve would build, in front of the fake engine of
+``test_ingress``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from cluster.app import ingress_args
 from cluster.config import EagleClusterConfig
 from cluster.images import ImageError, check_chat_images, data_url
 from tests.cluster.test_ingress import CFG, FakeVerifier, _http, _ingress
@@ -69,8 +69,8 @@ def test_too_many_images_and_the_limit_from_the_engine():
     assert verifier.calls == 1
     cfg = EagleClusterConfig.model_validate({**CFG, "verifier": {
         **CFG["verifier"], "engine_kwargs": {"limit_mm_per_prompt": {"image": 3}}}})
-    assert ingress_args(cfg)["max_images_per_request"] == 3
-    assert ingress_args(EagleClusterConfig.model_validate(CFG))["max_images_per_request"] is None
+    assert cfg.ingress_for_verifier().max_images_per_request == 3
+    assert EagleClusterConfig.model_validate(CFG).ingress_for_verifier().max_images_per_request is None
 
 
 def test_good_images_of_each_type_pass():
@@ -86,7 +86,7 @@ def test_good_images_of_each_type_pass():
 
 
 def test_handle_chat_checks_images_too():
-    from cluster.ingress import BadRequest
+    from cluster.errors import BadRequest
 
     ingress = _ingress(FakeVerifier(), max_images_per_request=1)
     out = asyncio.run(ingress.chat(_chat(data_url(_png()))["messages"], max_tokens=2))

@@ -1,7 +1,7 @@
-"""The ingress inside a real Serve app, in front of a fake verifier (no vLLM, so a minute, not ten): the HTTP app
-Serve builds per replica (``__serve_build_asgi_app__``) checks the key, sizes and docs; Serve's gRPC proxy reaches
-the ingress's RPCs, which check the same key. Its own local Ray and ports 18000 / 19000, so it does not meet a
-``serve run`` of the CPU default (8000 / 9000)."""
+"""The verifier replica's surfaces inside a real Serve app, in front of a fake engine (no vLLM, so a minute, not
+ten): the HTTP app Serve builds per replica (``__serve_build_asgi_app__``) checks the key, sizes and docs; Serve's
+gRPC proxy reaches the replica's RPCs, which check the same key. Its own local Ray and ports 18000 / 19000, so it
+does not meet a ``serve run`` of the CPU default (8000 / 9000)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def app():
     import ray
     from ray import serve
 
-    from cluster.ingress import Ingress
+    from cluster.app import VERIFIER_ENV
     from tests.cluster.fake_verifier import FakeVerifierServer
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -30,9 +30,9 @@ def app():
                     grpc_options={"port": 19000, "grpc_servicer_functions": [
                         "cluster.proto.eagle_cluster_pb2_grpc.add_EagleClusterServicer_to_server"]})
         cfg = {"api_key": KEY, "grpc": {"enabled": True}, "max_body_bytes": 4096}
-        verifier = serve.deployment(FakeVerifierServer).options(name="Verifier", ray_actor_options={"num_cpus": 0})
-        ingress = serve.deployment(serve.ingress()(Ingress)).options(name="Ingress", ray_actor_options={"num_cpus": 0})
-        serve.run(ingress.bind(verifier.bind(), cfg, "llama4-tiny"), name="eagle-cluster", route_prefix="/")
+        verifier = serve.deployment(serve.ingress()(FakeVerifierServer)).options(
+            name="Verifier", ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": VERIFIER_ENV}})
+        serve.run(verifier.bind(cfg), name="eagle-cluster", route_prefix="/")
         yield
     finally:
         serve.shutdown()

@@ -22,8 +22,7 @@ SCOUT_TP1 = ROOT / "deploy" / "llama4-scout-w4a16-eagle3.yaml"
 
 def _verifier(args: dict):
     """The Verifier deployment as ``build_app`` binds it (Serve keeps it, and its bundles, privately)."""
-    ingress = build_app(args)._bound_deployment
-    return ingress.init_args[0]._bound_deployment
+    return build_app(args)._bound_deployment
 
 
 def test_tp1_replica_holds_its_bundles_gpu():
