@@ -1,4 +1,4 @@
-"""Overload at a multiple of what the ingress admits: what is not admitted gets 503 with ``Retry-After`` at once,
+"""Overload at a multiple of what the verifier replica admits: what is not admitted gets 503 with ``Retry-After`` at once,
 what is admitted finishes with exact output, and the processes' memory is where it was.
 
     python -m benchmarks.overload [--limit 8] [--factor 4] [--requests 256] [--max-tokens 32]
@@ -30,13 +30,13 @@ BASE = "http://127.0.0.1:8000"
 MODEL = "llama4-tiny"
 
 
-def rss_mb(marker: str) -> float:
-    """Resident MB of the processes whose command line holds ``marker``, and of their children."""
+def rss_mb(marker: str, tree: bool = True) -> float:
+    """Resident MB of the processes whose command line holds ``marker``, and (``tree``) of their children."""
     seen: dict[int, float] = {}
     for p in psutil.process_iter(["cmdline"]):
         try:
             if marker in " ".join(p.info["cmdline"] or []):
-                for q in [p, *p.children(recursive=True)]:
+                for q in [p, *p.children(recursive=True)] if tree else [p]:
                     seen[q.pid] = q.memory_info().rss / 2**20
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -45,12 +45,13 @@ def rss_mb(marker: str) -> float:
 
 def memory(split: bool = False) -> dict[str, float]:
     """Resident MB of the verifier (its Serve replica and the vLLM engine processes under it) and of the drafters
-    (replicas and actors); ``split``: also the verifier's engine-core process alone."""
+    (replicas and actors); ``split``: also the verifier's engine-core process alone, and the verifier replica's own
+    process (which is the ingress)."""
     out = {"verifier": rss_mb(f"ServeReplica:{APP_NAME}:Verifier"),
            "drafters": rss_mb(f"ServeReplica:{DRAFTER_APP_NAME}:Drafter") + rss_mb("DrafterActor")}
     if split:
         out["verifier engine core"] = rss_mb("VLLM::EngineCore")
-        out["ingress"] = rss_mb(f"ServeReplica:{APP_NAME}:Ingress")
+        out["ingress"] = rss_mb(f"ServeReplica:{APP_NAME}:Verifier", tree=False)
     return out
 
 

@@ -1,6 +1,6 @@
-"""How many generation requests one ingress replica has in flight, and whether it takes one more.
+"""How many generation requests one verifier replica has in flight, and whether it takes one more.
 
-``cluster.http_guard.HttpGuard`` (HTTP) and the ingress's gRPC methods share one ``InflightLimit``: past
+``cluster.http_guard.HttpGuard`` (HTTP) and the verifier replica's gRPC methods share one ``InflightLimit``: past
 ``ingress.max_inflight_requests`` a request is answered at once (HTTP 503 with ``Retry-After``, gRPC
 ``UNAVAILABLE``) rather than queued without bound in front of a verifier that is already full. The count lives in
 one replica's event loop (no locks: acquire and release run on that loop).
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 class Overloaded(Exception):
     def __init__(self, limit: int, retry_after_s: int) -> None:
-        super().__init__(f"overloaded: {limit} requests in flight at this ingress replica; retry after "
+        super().__init__(f"overloaded: {limit} requests in flight at this replica; retry after "
                          f"{retry_after_s} s")
         self.retry_after_s = retry_after_s
 

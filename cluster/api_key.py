@@ -1,4 +1,4 @@
-"""The ingress's API key check, one for HTTP and gRPC (``cluster.ingress``, ``cluster.http_guard``).
+"""The ingress's API key check, one for HTTP and gRPC (``cluster.verifier_server``, ``cluster.http_guard``).
 
 The key is kept only as its SHA-256 digest, and a presented key is hashed and compared with
 ``secrets.compare_digest``, as vLLM's own server does (``vllm/entrypoints/serve/middleware/authenticate.py``):

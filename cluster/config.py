@@ -295,7 +295,7 @@ class IngressConfig(_Strict):
     max_body_bytes: int = Field(2 << 20, ge=1024, description="larger HTTP request bodies get 413")
     max_n: int = Field(8, ge=1, description="a request asking for more completions (`n`) gets 400")
     max_inflight_requests: int = Field(
-        256, ge=1, description="generation requests in flight per ingress replica (HTTP and gRPC); past it: HTTP 503 "
+        256, ge=1, description="generation requests in flight per verifier replica (HTTP and gRPC); past it: HTTP 503 "
         "with Retry-After, gRPC UNAVAILABLE")
     retry_after_s: int = Field(1, ge=1, description="the Retry-After of those 503s")
     access_log: bool = Field(False, description="Serve's per-request access log lines for the verifier replicas")

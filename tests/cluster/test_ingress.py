@@ -519,3 +519,23 @@ def test_grpc_abort_survives_the_trip_to_the_proxy():
     assert (abort.code, abort.details, str(abort)) == (code, "prompt: empty", "prompt: empty")
     wrapped = pickle.loads(pickle.dumps(gRPCStatusError(abort, code, "prompt: empty")))
     assert (wrapped._grpc_code, wrapped._grpc_details) == (code, "prompt: empty")
+
+
+# --- vLLM's other routes ---------------------------------------------------------------------------------------
+def test_tokenize_detokenize_version_routes_and_their_bad_input():
+    from cluster.openai_requests import parse_tokenize
+
+    http, _ = _http(api_key="s3cret")
+    assert http.post("/tokenize", json={"prompt": "x"}).status_code == 401  # behind the key, like the rest
+    r = http.post("/tokenize", json={"prompt": "x"}, headers=KEY)
+    assert r.status_code == 200 and r.json()["tokens"] == [1]
+    assert http.post("/detokenize", json={"tokens": [1]}, headers=KEY).json() == {"prompt": "x"}
+    assert http.get("/version", headers=KEY).json()["version"]
+    for body, reason in ((b"{", "malformed JSON"), (b"[1]", "JSON object"), (b'{"tokens": "x"}', "tokens")):
+        r = http.post("/detokenize", content=body, headers=KEY)
+        assert r.status_code == 400 and reason in r.json()["error"]["message"], r.text
+    # both of vLLM's tokenize bodies: a completion prompt and chat messages
+    assert parse_tokenize(b'{"prompt": "x"}').prompt == "x"
+    assert parse_tokenize(b'{"messages": [{"role": "user", "content": "x"}]}').messages
+    with pytest.raises(BadRequest):
+        parse_tokenize(b'{"nothing": 1}')

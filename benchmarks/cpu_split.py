@@ -1,0 +1,117 @@
+"""Which processes a server runs, grouped by their job, pinned to cores, and the CPU time each group spends.
+
+Used by ``benchmarks.serving_pinned``. Process groups, by the title Ray, Serve and vLLM give each process:
+
+    engine core   vLLM's engine core (``VLLM::EngineCore``): scheduler, output processing, the step loop
+    worker        vLLM's worker (``VLLM::Worker``, or the engine core itself when it runs the model in-process)
+    serving path  vLLM's API server, or Serve's HTTP proxy and the verifier application's replicas
+    drafter       the drafter application's replicas and their drafter actors
+    control plane everything else of Ray's: GCS, raylet, the Serve controller, dashboard and its agents, log monitor
+
+CPU time is utime + stime from ``/proc/PID/stat`` (all threads), read before and after a run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+
+import psutil
+
+GROUPS = ("engine core", "worker", "serving path", "drafter", "control plane")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _title(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline()) or p.name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return ""
+
+
+def group_of(title: str, is_server_root: bool = False) -> str | None:
+    """The group of a process by its title; None for processes of neither server (the load generator, others)."""
+    if "EngineCore" in title:
+        return "engine core"
+    if "VLLM::Worker" in title or "VllmWorker" in title:
+        return "worker"
+    if "ServeReplica:eagle-drafters" in title or "DrafterActor" in title:
+        return "drafter"
+    if is_server_root or "ServeReplica:eagle-cluster" in title or "ProxyActor" in title:
+        return "serving path"
+    if any(k in title for k in ("ray::", "raylet", "gcs_server", "dashboard", "log_monitor", "monitor.py",
+                                "runtime_env", "ray/_private", "serve run")):
+        return "control plane"
+    return None
+
+
+@dataclass
+class Proc:
+    pid: int
+    group: str
+    title: str
+
+
+def server_processes(root_pid: int | None = None) -> list[Proc]:
+    """Every process of the running server: ``root_pid``'s tree (vLLM's API server), and Ray's processes."""
+    tree = set()
+    if root_pid is not None:
+        try:
+            root = psutil.Process(root_pid)
+            tree = {root.pid} | {c.pid for c in root.children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pass
+    me = os.getpid()
+    out = []
+    for p in psutil.process_iter():
+        if p.pid == me:
+            continue
+        title = _title(p)
+        group = group_of(title, is_server_root=p.pid == root_pid)
+        if group is None and p.pid in tree:
+            group = "serving path"
+        if group is not None:
+            out.append(Proc(p.pid, group, title[:80]))
+    return out
+
+
+def pin(procs: list[Proc], cores: dict[str, set[int]]) -> dict[str, list[int]]:
+    """Binds every thread of each process of a group in ``cores`` to those cores (as ``taskset -a -cp``);
+    returns {group: pids pinned}."""
+    pinned: dict[str, list[int]] = defaultdict(list)
+    for proc in procs:
+        if proc.group not in cores:
+            continue
+        try:
+            for tid in os.listdir(f"/proc/{proc.pid}/task"):
+                try:
+                    os.sched_setaffinity(int(tid), cores[proc.group])
+                except OSError:
+                    pass
+            pinned[proc.group].append(proc.pid)
+        except OSError:
+            pass
+    return dict(pinned)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14, 15)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def snapshot(procs: list[Proc]) -> dict[int, float]:
+    return {p.pid: s for p in procs if (s := cpu_seconds(p.pid)) is not None}
+
+
+def split(procs: list[Proc], before: dict[int, float], after: dict[int, float]) -> dict[str, float]:
+    """CPU seconds per group between two snapshots (processes alive at both)."""
+    out = dict.fromkeys(GROUPS, 0.0)
+    for p in procs:
+        if p.pid in before and p.pid in after:
+            out[p.group] += after[p.pid] - before[p.pid]
+    return out

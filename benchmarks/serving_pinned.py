@@ -1,0 +1,131 @@
+"""vLLM's own server against the cluster with the drafter on a core of its own, one run, and where the CPU goes.
+
+    python -m benchmarks.serving_pinned [--pinning strict|none] [--concurrency 1 8 16] [--num-prompts 16]
+        [--max-tokens 128] [--modes ...] [--out results/pinned]
+
+``--pinning strict`` (the default) emulates "the drafter has a device of its own" on a 2-core machine: everything
+a verifier node runs (vLLM's API server, or Serve's proxy and the verifier application's replicas; vLLM's engine
+core and worker) bound to core 0 in every mode, the cluster's drafter (its replica and its actor) alone on core 1,
+Ray's control plane and the load generator unbound. The cluster gets exactly one core more than the baselines:
+the drafter's. ``--pinning none`` binds nothing. vLLM's OpenMP threads: ``VLLM_CPU_OMP_THREADS_BIND=0`` and
+``OMP_NUM_THREADS=1`` in every mode when strict.
+
+For each mode and concurrency: the seed-style report (``benchmarks.serving``), then CPU milliseconds per output
+token by process group (``benchmarks.cpu_split``), then the ratios to vLLM colocated and target-only. The first
+request after ready and the median of the next ten (each 32 greedy tokens) are measured once per mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from benchmarks import cpu_split
+from benchmarks.serving import run
+from benchmarks.serving_compare import cluster_server, vllm_server
+from cluster.config import PROJECT_ROOT as ROOT
+from cluster.harness import load_prompts, post, start, stop, wait_healthy
+
+MODES = ["target-only", "colocated-eagle", "colocated-eagle3", "cluster-eagle3", "cluster-eagle3-async",
+         "cluster-eagle", "cluster-eagle-async"]
+DEFAULT_MODES = ["target-only", "colocated-eagle3", "cluster-eagle3", "cluster-eagle3-async"]
+STRICT = {"engine core": {0}, "worker": {0}, "serving path": {0}, "drafter": {1}}
+
+
+def first_requests(base: str) -> tuple[float, float]:
+    """(the first request's seconds, the median of the next ten): 32 greedy tokens each, one at a time."""
+    times = []
+    for i in range(11):
+        t = time.perf_counter()
+        status, body = post("/v1/completions", json.dumps(
+            {"prompt": f"def first_{i}(", "max_tokens": 32, "temperature": 0, "ignore_eos": True}).encode(), base=base)
+        assert status == 200, body
+        times.append(time.perf_counter() - t)
+    return times[0], statistics.median(times[1:])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--pinning", choices=["strict", "none"], default="strict")
+    p.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 16])
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--modes", nargs="*", default=DEFAULT_MODES, choices=MODES)
+    p.add_argument("--out", default=str(ROOT / "results" / "pinned"))
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = load_prompts(None, args.num_prompts)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    if args.pinning == "strict":
+        env.update(VLLM_CPU_OMP_THREADS_BIND="0", OMP_NUM_THREADS="1")
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in args.modes:
+            kind, _, method = mode.partition("-")
+            if kind == "cluster":
+                method, _, variant = method.partition("-")
+                drafter = {"async_drafting": {"enabled": variant == "async"}}
+                if args.pinning == "strict":
+                    drafter["cpu_affinity"] = [1]
+                cmd, base = cluster_server(method, Path(tmp), drafter, name=variant or "sync")
+            else:
+                cmd, base = vllm_server(None if kind == "target" else method)
+            proc = start(cmd, env=env, log=Path(tmp) / f"{mode}.log")
+            try:
+                wait_healthy(proc, base, log=Path(tmp) / f"{mode}.log")
+                procs = cpu_split.server_processes(proc.pid if kind != "cluster" else None)
+                pinned = cpu_split.pin(procs, STRICT) if args.pinning == "strict" else {}
+                first, rest = first_requests(base)
+                asyncio.run(run(base, prompts[:4], 8, 4, None, f"{mode} warm-up", quiet=True))
+                results[mode] = {"first_request_s": first, "next_ten_median_s": rest, "by_c": {},
+                                 "pinned": {g: len(v) for g, v in pinned.items()}}
+                print(f"{mode}: first request {first * 1000:.0f} ms, next ten median {rest * 1000:.0f} ms; "
+                      f"pinned processes {results[mode]['pinned']}", flush=True)
+                for c in args.concurrency:
+                    procs = cpu_split.server_processes(proc.pid if kind != "cluster" else None)
+                    before = cpu_split.snapshot(procs)
+                    report = asyncio.run(run(base, prompts, args.max_tokens, c, None, f"{mode} c={c}", quiet=True))
+                    cpu = cpu_split.split(procs, before, cpu_split.snapshot(procs))
+                    print(report.text(), flush=True)
+                    per_tok = {g: 1000 * s / max(report.output_tokens, 1) for g, s in cpu.items()}
+                    print("CPU ms per output token: " + ", ".join(f"{g} {v:.2f}" for g, v in per_tok.items()),
+                          flush=True)
+                    results[mode]["by_c"][str(c)] = {**asdict(report), "cpu_ms_per_token": per_tok}
+            finally:
+                stop(proc)
+    (out / f"results-{args.pinning}.json").write_text(json.dumps(results, indent=2))
+    summary(results, args.pinning)
+
+
+def summary(results: dict, pinning: str) -> None:
+    def tps(mode: str, c: str) -> float:
+        r = results[mode]["by_c"][c]
+        return r["output_tokens"] / r["duration_s"]
+
+    print(f"\npinning: {pinning}")
+    print("mode | c | output tok/s | TTFT p50 ms | TPOT p50 ms | MAL | x colocated-eagle3 | x target-only | "
+          "serving path CPU ms/token")
+    for mode, res in results.items():
+        for c, r in res["by_c"].items():
+            spec = r["spec"]
+            mal = 1 + spec["num_accepted_tokens"] / spec["num_drafts"] if spec and spec["num_drafts"] else 1.0
+            colo = f"{tps(mode, c) / tps('colocated-eagle3', c):.2f}" if "colocated-eagle3" in results else ""
+            base = f"{tps(mode, c) / tps('target-only', c):.2f}" if "target-only" in results else ""
+            print(f"{mode} | {c} | {tps(mode, c):.1f} | {r['ttft_ms']['median']:.0f} | {r['tpot_ms']['median']:.2f} | "
+                  f"{mal:.2f} | {colo} | {base} | {r['cpu_ms_per_token']['serving path']:.2f}")
+    print("\nmode | first request ms | median of the next ten ms | ratio")
+    for mode, res in results.items():
+        f, n = res["first_request_s"], res["next_ten_median_s"]
+        print(f"{mode} | {f * 1000:.0f} | {n * 1000:.0f} | {f / n:.2f}")
+
+
+if __name__ == "__main__":
+    main()
