@@ -1,5 +1,5 @@
-"""Overload at a multiple of what the verifier replica admits: what is not admitted gets 503 with ``Retry-After`` at once,
-what is admitted finishes with exact output, and the processes' memory is where it was.
+"""Overload at a multiple of what the verifier replica admits: what is not admitted gets 503 with ``Retry-After``
+at once, what is admitted finishes with exact output, and the processes' memory is where it was.
 
     python -m benchmarks.overload [--limit 8] [--factor 4] [--requests 256] [--max-tokens 32]
 
