@@ -31,7 +31,7 @@ def _title(p: psutil.Process) -> str:
 
 
 def group_of(title: str, is_server_root: bool = False) -> str | None:
-    """The group of a process by its title; None for processes of neither server (the load generator, others)."""
+    """The group of a process of a server by its title; None for the rest of Ray's (the control plane)."""
     if "EngineCore" in title:
         return "engine core"
     if "VLLM::Worker" in title or "VllmWorker" in title:
@@ -40,9 +40,6 @@ def group_of(title: str, is_server_root: bool = False) -> str | None:
         return "drafter"
     if is_server_root or "ServeReplica:eagle-cluster" in title or "ProxyActor" in title:
         return "serving path"
-    if any(k in title for k in ("ray::", "raylet", "gcs_server", "dashboard", "log_monitor", "monitor.py",
-                                "runtime_env", "ray/_private", "serve run")):
-        return "control plane"
     return None
 
 
@@ -53,26 +50,19 @@ class Proc:
     title: str
 
 
-def server_processes(root_pid: int | None = None) -> list[Proc]:
-    """Every process of the running server: ``root_pid``'s tree (vLLM's API server), and Ray's processes."""
-    tree = set()
-    if root_pid is not None:
-        try:
-            root = psutil.Process(root_pid)
-            tree = {root.pid} | {c.pid for c in root.children(recursive=True)}
-        except psutil.NoSuchProcess:
-            pass
-    me = os.getpid()
+def server_processes(root_pid: int) -> list[Proc]:
+    """Every process of the running server: ``root_pid`` (vLLM's API server, or ``serve run``, which starts Ray's
+    processes as its children) and its descendants; other processes on the machine are left out."""
+    try:
+        root = psutil.Process(root_pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
     out = []
-    for p in psutil.process_iter():
-        if p.pid == me:
-            continue
+    for p in tree:
         title = _title(p)
-        group = group_of(title, is_server_root=p.pid == root_pid)
-        if group is None and p.pid in tree:
-            group = "serving path"
-        if group is not None:
-            out.append(Proc(p.pid, group, title[:80]))
+        group = group_of(title, is_server_root=p.pid == root_pid and "serve run" not in title) or "control plane"
+        out.append(Proc(p.pid, group, title[:80]))
     return out
 
 

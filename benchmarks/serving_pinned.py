@@ -81,7 +81,7 @@ def main() -> None:
             proc = start(cmd, env=env, log=Path(tmp) / f"{mode}.log")
             try:
                 wait_healthy(proc, base, log=Path(tmp) / f"{mode}.log")
-                procs = cpu_split.server_processes(proc.pid if kind != "cluster" else None)
+                procs = cpu_split.server_processes(proc.pid)
                 pinned = cpu_split.pin(procs, STRICT) if args.pinning == "strict" else {}
                 first, rest = first_requests(base)
                 asyncio.run(run(base, prompts[:4], 8, 4, None, f"{mode} warm-up", quiet=True))
@@ -90,7 +90,7 @@ def main() -> None:
                 print(f"{mode}: first request {first * 1000:.0f} ms, next ten median {rest * 1000:.0f} ms; "
                       f"pinned processes {results[mode]['pinned']}", flush=True)
                 for c in args.concurrency:
-                    procs = cpu_split.server_processes(proc.pid if kind != "cluster" else None)
+                    procs = cpu_split.server_processes(proc.pid)
                     before = cpu_split.snapshot(procs)
                     report = asyncio.run(run(base, prompts, args.max_tokens, c, None, f"{mode} c={c}", quiet=True))
                     cpu = cpu_split.split(procs, before, cpu_split.snapshot(procs))

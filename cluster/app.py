@@ -29,6 +29,7 @@ Both builders validate their ``args`` (errors name the field; model paths come o
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ray import serve
@@ -36,11 +37,13 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
 from cluster.config import DRAFTER_DEPLOYMENT, DrafterPoolConfig, EagleClusterConfig
+from cluster.drafter_pool.front import DrafterPoolFront
 from cluster.drafter_pool.router import SequenceAffinityRouter
 from cluster.drafter_pool.server import DrafterServer
 from cluster.verifier_server import VerifierServer
 
 VERIFIER = "Verifier"
+DRAFTER_FRONT = "DrafterPoolFront"
 # The verifier replica's user code runs on the replica's own event loop, not a thread of its own: one thread hop
 # fewer per request and per streamed chunk (its methods only await). The draft client's synchronous handle calls run
 # in vLLM's engine process, not here, so Serve's router keeps its own loop (RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP).
@@ -74,10 +77,15 @@ def build_drafter_app(args: dict[str, Any]) -> Application:
         replica_opts["runtime_env"] = {"env_vars": {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": interval}}
     else:
         drafter_opts["num_replicas"] = d.num_replicas or 1
-    return serve.deployment(DrafterServer).options(**drafter_opts).bind(
+    drafters = serve.deployment(DrafterServer).options(**drafter_opts).bind(
         d.head, d.target, d.max_model_len, d.num_threads,
         d.async_drafting.for_drafter(), actor_opts, d.cpu_affinity, d.for_engine(), d.timeout_s,
     )
+    if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
+        return drafters
+    # Serve's HAProxy ingress refuses an application ingress with a custom router: a plain front instead.
+    front = serve.deployment(DrafterPoolFront).options(name=DRAFTER_FRONT, ray_actor_options={"num_cpus": 0})
+    return front.bind(drafters)
 
 
 def build_app(args: dict[str, Any]) -> Application:
