@@ -237,9 +237,12 @@ def to_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict
 
 
 def _errors(e: ValidationError, app: str = "eagle-cluster") -> str:
-    """pydantic's errors as ``app: field.path: message`` lines."""
-    return "\n".join(f"{app}: {'.'.join(str(p) for p in err['loc']) or '(args)'}: {err['msg']}"
-                     for err in e.errors())
+    """pydantic's errors as ``app: field.path: message`` lines (a check of several fields names them itself)."""
+    lines = []
+    for err in e.errors():
+        loc, msg = ".".join(str(p) for p in err["loc"]), err["msg"].removeprefix("Value error, ")
+        lines.append(f"{app}: {loc}: {msg}" if loc else f"{app}: {msg}")
+    return "\n".join(lines)
 
 
 def _check_serve_schema(doc: dict[str, Any]) -> None:
