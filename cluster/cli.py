@@ -229,8 +229,9 @@ def to_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict
         pool = DrafterPoolConfig.model_validate(pool_args)
     except ValidationError as e:
         raise ValueError(_errors(e, "eagle-drafters")) from None
-    doc = deploy_yaml.document(cfg.model_dump(mode="json", exclude_unset=True),
-                               pool.model_dump(mode="json", exclude_unset=True),
+    pool_dump = pool.model_dump(mode="json", exclude_unset=True)
+    pool_dump = {**{k: pool_dump.pop(k) for k in ("target", "head", "max_model_len")}, **pool_dump}  # as cpu.yaml
+    doc = deploy_yaml.document(cfg.model_dump(mode="json", exclude_unset=True), pool_dump,
                                host=args.host or DEFAULT_HOST, port=args.port)
     _check_serve_schema(doc)
     return doc
