@@ -54,6 +54,28 @@ class SpecDecodeStats:
 
 
 COUNTER_KEYS = ("rehomed", "drafters", "quarantined")  # the draft client's counts that /metrics shows
+WAIT_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+@dataclass
+class WaitHistogram:
+    """How long each draft step waited for the drafters (``StepTiming.wait_ms``; 0 for a step answered from branch
+    tables or with nothing to wait for), as the Prometheus histogram ``eagle_cluster_step_wait_seconds``."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(WAIT_BUCKETS_S) + 1))  # per bucket; last: +Inf
+    sum_s: float = 0.0
+
+    def observe(self, wait_ms: float) -> None:
+        s = max(wait_ms, 0.0) / 1000
+        self.counts[next((i for i, b in enumerate(WAIT_BUCKETS_S) if s <= b), len(WAIT_BUCKETS_S))] += 1
+        self.sum_s += s
+
+    def prometheus(self, name: str) -> list[str]:
+        lines, total = [], 0
+        for bound, n in zip((*(repr(b) for b in WAIT_BUCKETS_S), "+Inf"), self.counts, strict=True):
+            total += n
+            lines.append(f'{name}_bucket{{le="{bound}"}} {total}')
+        return lines + [f"{name}_sum {self.sum_s}", f"{name}_count {total}"]
 
 
 @dataclass
@@ -70,6 +92,7 @@ class ProposerStats:
     acceptance_by_source: dict[str, SpecDecodeStats] = field(default_factory=dict)  # branch / on_demand / placeholder
     client: dict[str, Any] = field(default_factory=dict)  # the draft client's: rehomed, homes, events, drafters
     replica: str = ""  # the verifier replica, when a Serve replica answers
+    step_waits: WaitHistogram = field(default_factory=WaitHistogram)  # each draft step's wait for the drafters
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -80,6 +103,8 @@ class ProposerStats:
         kw = {f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d}
         for name in ("per_request", "acceptance_by_source"):
             kw[name] = {k: SpecDecodeStats(**v) for k, v in kw.get(name, {}).items()}
+        if isinstance(kw.get("step_waits"), dict):
+            kw["step_waits"] = WaitHistogram(**kw["step_waits"])
         return cls(**kw)
 
     @classmethod
@@ -113,6 +138,9 @@ class ProposerStats:
             lines += [f"{name}{labels} {value}" for labels, value in values.items()]
         for name, help_text, value in gauges:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value}"]
+        name = "eagle_cluster_step_wait_seconds"
+        lines += [f"# HELP {name} how long each draft step waited for the drafters (0: answered from branch tables)",
+                  f"# TYPE {name} histogram", *self.step_waits.prometheus(name)]
         return "\n".join(lines) + "\n"
 
 

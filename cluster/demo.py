@@ -13,6 +13,7 @@ prints the generations and the seed PRs' acceptance table read from ``/metrics``
 from __future__ import annotations
 
 import argparse
+import logging
 import time
 import urllib.request
 from pathlib import Path
@@ -68,7 +69,30 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         pass
     finally:
-        serve.shutdown()
+        shut_down_quietly()
+
+
+def shut_down_quietly() -> None:
+    """Both applications deleted (replicas and vLLM's engine stopped gracefully), then the local Ray cluster.
+
+    Not ``serve.shutdown()``: it kills the Serve controller while this driver's calls to it (``graceful_shutdown``,
+    the handles' ``listen_for_change`` long polls) are in flight, and Ray reports each as a failed task on the
+    driver's terminal (``(raylet) Task ServeController.listen_for_change failed ...``) after the demo's table.
+    ``ray.shutdown()`` stops the driver's listeners before it ends the cluster's processes, the controller's too."""
+    import ray
+    from ray import serve
+
+    from cluster.config import APP_NAME, DRAFTER_APP_NAME
+
+    if not ray.is_initialized():
+        return
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # no "Deleting app ..." lines after the table
+    try:
+        for name in (APP_NAME, DRAFTER_APP_NAME):  # the verifier first: it calls the drafters until it stops
+            serve.delete(name)
+    except Exception as e:  # Serve never started, or the cluster is going: ray.shutdown() ends what is left
+        print(f"(deleting the applications: {type(e).__name__}: {e})", flush=True)
+    finally:
         ray.shutdown()
 
 

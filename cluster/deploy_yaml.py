@@ -46,3 +46,24 @@ def with_changes(doc: dict[str, Any], drafter: dict[str, Any] | None = None, abs
 def write(doc: dict[str, Any], path: Path) -> Path:
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+def document(main: dict[str, Any], pool: dict[str, Any], host: str = "127.0.0.1", port: int = 8000
+             ) -> dict[str, Any]:
+    """A two-application deploy YAML (as ``deploy/cpu.yaml`` lays it out) for the verifier application's ``args``
+    (``main``) and the drafter application's (``pool``)."""
+    return {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": host, "port": port},
+        "applications": [
+            {"name": APP_NAME, "route_prefix": "/", "import_path": "cluster.app:build_app", "args": main},
+            {"name": DRAFTER_APP_NAME, "route_prefix": None, "import_path": "cluster.app:build_drafter_app",
+             "args": pool},
+        ],
+    }
+
+
+def dump(doc: dict[str, Any], header: str = "") -> str:
+    """``doc`` as YAML text, after a comment line if ``header`` is given."""
+    comment = "".join(f"# {line}\n" for line in header.splitlines())
+    return comment + yaml.safe_dump(doc, sort_keys=False)

@@ -40,7 +40,7 @@ from vllm.v1.spec_decode.eagle import EagleProposer
 from vllm.v1.utils import CpuGpuBuffer
 
 from actors.messages import DraftStatus, DraftStep, SeqRole, SeqSlice
-from actors.metrics import ProposerStats, SpecDecodeStats
+from actors.metrics import ProposerStats, SpecDecodeStats, WaitHistogram
 from actors.timing import ms_since
 from actors.verifier.client import DraftClient, check_drafts, hidden_to_numpy
 
@@ -83,13 +83,15 @@ class ProposerState:
     branch_hits: int = 0
     per_request_hits: dict[str, int] = field(default_factory=dict)
     by_source: dict[str, SpecDecodeStats] = field(default_factory=dict)
+    waits: WaitHistogram = field(default_factory=WaitHistogram)  # each step's wait for the drafters, for /metrics
 
     def stats(self, client: dict | None = None, counters_only: bool = False) -> ProposerStats:
         """``counters_only``: without the per-request tables (what ``/metrics`` reads)."""
         per_request = {} if counters_only else dict(self.per_request)
         hits = {} if counters_only else dict(self.per_request_hits)
         return ProposerStats(self.steps, self.failures, per_request, self.branch_lookups, self.branch_hits, hits,
-                             dict(self.by_source), dict(client or {}))
+                             dict(self.by_source), dict(client or {}),
+                             step_waits=replace(self.waits, counts=list(self.waits.counts)))
 
 
 def step_rows(
@@ -305,6 +307,7 @@ class RemoteEagleProposer(EagleProposer):
             StepTiming(batch_size, int(rows.numel()), ms_since(start, self.device), timing.ship_ms,
                        timing.wait_ms, timing.compute_ms, timing.all_hits)
         )
+        self.state.waits.observe(timing.wait_ms)  # /metrics: eagle_cluster_step_wait_seconds
         return drafts
 
     def _record_hits(self, seqs: list[SeqSlice], lookups: int, hit_rows: list[int]) -> None:
