@@ -7,8 +7,9 @@
 a verifier node runs (vLLM's API server, or Serve's proxy and the verifier application's replicas; vLLM's engine
 core and worker) bound to core 0 in every mode, the cluster's drafter (its replica and its actor) alone on core 1,
 Ray's control plane and the load generator unbound. The cluster gets exactly one core more than the baselines:
-the drafter's. ``--pinning none`` binds nothing. vLLM's OpenMP threads: ``VLLM_CPU_OMP_THREADS_BIND=0`` and
-``OMP_NUM_THREADS=1`` in every mode when strict.
+the drafter's. ``--pinning none`` binds nothing. ``*-haproxy`` modes serve with Serve's HAProxy ingress
+(``RAY_SERVE_ENABLE_HA_PROXY=1``) instead of its Python HTTP proxy. vLLM's OpenMP threads:
+``VLLM_CPU_OMP_THREADS_BIND=0`` and ``OMP_NUM_THREADS=1`` in every mode when strict.
 
 For each mode and concurrency: the seed-style report (``benchmarks.serving``), then CPU milliseconds per output
 token by process group (``benchmarks.cpu_split``), then the ratios to vLLM colocated and target-only. The first
@@ -34,7 +35,7 @@ from cluster.config import PROJECT_ROOT as ROOT
 from cluster.harness import load_prompts, post, start, stop, wait_healthy
 
 MODES = ["target-only", "colocated-eagle", "colocated-eagle3", "cluster-eagle3", "cluster-eagle3-async",
-         "cluster-eagle", "cluster-eagle-async"]
+         "cluster-eagle", "cluster-eagle-async", "cluster-eagle3-haproxy", "cluster-eagle3-async-haproxy"]
 DEFAULT_MODES = ["target-only", "colocated-eagle3", "cluster-eagle3", "cluster-eagle3-async"]
 STRICT = {"engine core": {0}, "worker": {0}, "serving path": {0}, "drafter": {1}}
 
@@ -70,15 +71,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for mode in args.modes:
             kind, _, method = mode.partition("-")
+            mode_env = dict(env)
             if kind == "cluster":
-                method, _, variant = method.partition("-")
-                drafter = {"async_drafting": {"enabled": variant == "async"}}
+                method, *variants = method.split("-")
+                drafter: dict = {"async_drafting": {"enabled": "async" in variants}}
                 if args.pinning == "strict":
                     drafter["cpu_affinity"] = [1]
-                cmd, base = cluster_server(method, Path(tmp), drafter, name=variant or "sync")
+                if "haproxy" in variants:  # Serve's HAProxy ingress instead of its Python proxy (README)
+                    mode_env["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
+                cmd, base = cluster_server(method, Path(tmp), drafter, name="-".join(variants) or "sync")
             else:
                 cmd, base = vllm_server(None if kind == "target" else method)
-            proc = start(cmd, env=env, log=Path(tmp) / f"{mode}.log")
+            proc = start(cmd, env=mode_env, log=Path(tmp) / f"{mode}.log")
             try:
                 wait_healthy(proc, base, log=Path(tmp) / f"{mode}.log")
                 procs = cpu_split.server_processes(proc.pid)
