@@ -18,6 +18,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from actors.metrics import ProposerStats
@@ -139,9 +140,11 @@ class VerifierEngine:
         await self.engine.collective_rpc("eagle_cluster_reset_stats")
 
     # --- warm-up --------------------------------------------------------------------------------------------------
-    async def warm_up(self, deadline_s: float = WARM_UP_DEADLINE_S) -> bool:
-        """Short greedy generations until a step was drafted by a drafter (True) or ``deadline_s`` passed (False);
-        then the per-step tables are cleared, so that benchmarks and stats start from the first user request."""
+    async def warm_up(self, deadline_s: float = WARM_UP_DEADLINE_S,
+                      drafters_expected: Callable[[], bool] = lambda: True) -> bool:
+        """Short greedy generations until a step was drafted by a drafter (True), or ``deadline_s`` passed, or
+        ``drafters_expected()`` says no drafter is coming (the drafter application is not deployed): False. Then
+        the per-step tables are cleared, so that benchmarks and stats start from the first user request."""
         from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
         start = time.monotonic()
@@ -153,9 +156,9 @@ class VerifierEngine:
                 raise RuntimeError(f"warm-up request failed: {reply.body}")
             counters = await self.counters()
             drafted = counters.steps > 0 and counters.client.get("drafters", 0) > 0
-            if not drafted and time.monotonic() - start > deadline_s:
-                logger.warning("no drafter attached within %.0f s: serving without drafts until one attaches",
-                               deadline_s)
+            if not drafted and (time.monotonic() - start > deadline_s or not drafters_expected()):
+                logger.warning("no drafter attached after %.0f s: serving without drafts until one attaches",
+                               time.monotonic() - start)
                 break
             if not drafted:
                 await asyncio.sleep(0.5)

@@ -75,7 +75,7 @@ class VerifierServer:
 
         engine = VerifierEngine(config.verifier, config.speculative_config, config.drafter_app)
         await engine.start()
-        await engine.warm_up()
+        await engine.warm_up(drafters_expected=lambda: _app_deployed(config.drafter_app))
         self._serve(engine, config.ingress_for_verifier(), config.verifier.name)
 
     @classmethod
@@ -311,6 +311,16 @@ class VerifierServer:
                         yield pb.GenerateReply(text=text, finish_reason=finish)
         except Exception as e:
             raise self._grpc_fail(grpc_context, e) from None
+
+
+def _app_deployed(name: str) -> bool:
+    """Whether Serve has the application ``name`` (deploying or running): drafters may still attach from it."""
+    from ray import serve
+
+    try:
+        return name in serve.status().applications
+    except Exception:  # the controller could not be asked: assume it may come
+        return True
 
 
 def _whole(reply: VerifierReply) -> dict[str, Any]:
