@@ -27,6 +27,8 @@ ISOLATED = [
     "tests/cluster/test_serve_deploy.py",
     "tests/cluster/test_serve_multimodal.py",
     "tests/actors/test_remote_multimodal.py",
+    "tests/actors/test_no_drafter_engine.py",
+    "tests/cluster/test_drafter_outage_serve.py",
 ]
 
 
