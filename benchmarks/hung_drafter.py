@@ -47,7 +47,6 @@ from cluster.harness import HTTP as BASE
 from cluster.harness import (
     MODEL,
     TARGET,
-    cluster_address,
     cpu_yaml,
     drafter_stats,
     load_prompts,
@@ -208,9 +207,9 @@ def only_drafter(args, prompts: list[str], ref: dict[str, list[int]]) -> None:
                 marks["resumed"] = time.time()
         return result, time.time() - start, marks
 
-    with tempfile.TemporaryDirectory() as tmp, serve_run(cpu_yaml(Path(tmp) / "only.yaml")) as proc:
+    with tempfile.TemporaryDirectory() as tmp, serve_run(cpu_yaml(Path(tmp) / "only.yaml")):
         try:
-            ray.init(address=cluster_address(proc), namespace="hung-drafter", log_to_driver=False)
+            ray.init(address="auto", namespace="hung-drafter", log_to_driver=False)
             warm_up(1)
             (pids,) = drafter_pids()
             clean, clean_s, _ = run(fault=False)
@@ -260,9 +259,9 @@ def delete_redeploy(args, prompts: list[str], ref: dict[str, list[int]]) -> None
     with tempfile.TemporaryDirectory() as tmp:
         path = cpu_yaml(Path(tmp) / "delete.yaml")
         doc = deploy_yaml.load(path)
-        with serve_run(path) as proc:
+        with serve_run(path):
             try:
-                ray.init(address=cluster_address(proc), namespace="hung-drafter", log_to_driver=False)
+                ray.init(address="auto", namespace="hung-drafter", log_to_driver=False)
                 warm_up(1)
                 thread = threading.Thread(target=redeploy, args=(doc,))
                 start = time.time()

@@ -144,27 +144,6 @@ def serve_run(config: Path, timeout_s: float = 600) -> Iterator[subprocess.Popen
         stop(proc)
 
 
-def cluster_address(proc: subprocess.Popen) -> str:
-    """The GCS address of the Ray cluster that ``serve run`` (``proc``) started: its raylet's ``--gcs-address``, so
-    that a test joins that cluster even while other Ray instances run on this machine (``address="auto"`` would
-    refuse to choose). ``"auto"`` when none is found (a cluster that ``serve run`` did not start)."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid != proc.pid:
-                continue
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                args = f.read().decode(errors="replace").split("\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        if args and args[0].endswith("raylet"):
-            for arg in args:
-                if arg.startswith("--gcs-address="):
-                    return arg.split("=", 1)[1]
-    return "auto"
-
-
 # --- HTTP ---------------------------------------------------------------------------------------------------------
 def get(path: str, timeout: float = 5.0, base: str = HTTP) -> tuple[int, bytes]:
     try:

@@ -27,7 +27,6 @@ from cluster import deploy_yaml
 from cluster.config import DRAFTER_APP_NAME
 from cluster.harness import (
     app_status,
-    cluster_address,
     cpu_yaml,
     deploy_apps,
     drafter_pids,
@@ -62,7 +61,7 @@ def server(reference, full_doc, tmp_path_factory):
 
     path = deploy_yaml.write(without_drafter_app(full_doc), tmp_path_factory.mktemp("outage") / "alone.yaml")
     with serve_run(path) as proc:
-        ray.init(address=cluster_address(proc), namespace="outage-test", log_to_driver=False)
+        ray.init(address="auto", namespace="outage-test", log_to_driver=False)
         yield proc
         ray.shutdown()
 
