@@ -89,10 +89,13 @@ class ProposerStats:
     branch_lookups: int = 0  # sequences with drafts precomputed for their step (asynchronous drafting)
     branch_hits: int = 0  # ... answered from them
     per_request_branch_hits: dict[str, int] = field(default_factory=dict)
-    acceptance_by_source: dict[str, SpecDecodeStats] = field(default_factory=dict)  # branch / on_demand / placeholder
+    acceptance_by_source: dict[str, SpecDecodeStats] = field(default_factory=dict)  # branch / on_demand
     client: dict[str, Any] = field(default_factory=dict)  # the draft client's: rehomed, homes, events, drafters
     replica: str = ""  # the verifier replica, when a Serve replica answers
     step_waits: WaitHistogram = field(default_factory=WaitHistogram)  # each draft step's wait for the drafters
+    # sequences proposed no draft tokens (vLLM verified none for them), by reason: no_drafter, failed, context, full
+    undrafted: dict[str, int] = field(default_factory=dict)
+    steps_without_drafts: int = 0  # steps verified target-only: no sequence drafted, no drafter could draft them
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -116,8 +119,12 @@ class ProposerStats:
         """Prometheus counters: the drafter pool as this verifier sees it."""
         counters = [
             ("eagle_cluster_draft_steps_total", "draft steps sent to the drafter pool", {"": self.steps}),
-            ("eagle_cluster_draft_failures_total", "draft steps with a failed drafter (placeholders proposed)",
+            ("eagle_cluster_draft_failures_total", "draft steps with a failed drafter (its sequences got no drafts)",
              {"": self.failures}),
+            ("eagle_cluster_steps_without_drafts_total", "steps verified without draft tokens because no drafter "
+             "could draft (target-only)", {"": self.steps_without_drafts}),
+            ("eagle_cluster_undrafted_sequences_total", "sequences proposed no draft tokens for a step, by reason",
+             {f'{{reason="{r}"}}': n for r, n in sorted(self.undrafted.items())}),
             ("eagle_cluster_rehomed_sequences_total", "sequences moved to another drafter replica",
              {"": self.client.get("rehomed", 0)}),
             ("eagle_cluster_branch_lookups_total", "sequences with drafts precomputed for their step (async drafting)",

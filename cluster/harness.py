@@ -172,12 +172,44 @@ def post(path: str, body: bytes, headers: dict | None = None, timeout: float = 6
 # --- the replicas of a running app (after ray.init(address="auto")) ----------------------------------------------
 def replica_actors(deployment: str) -> list[dict[str, Any]]:
     """The alive replica actors of one deployment of the app: ``[{"name", "pid", "replica_id", "node_id"}]``."""
+    import ray
     from ray.util.state import list_actors
 
     app = DRAFTER_APP_NAME if deployment == DRAFTER_DEPLOYMENT else APP_NAME
-    actors = list_actors(filters=[("class_name", "=", f"ServeReplica:{app}:{deployment}"), ("state", "=", "ALIVE")])
+    # The cluster this process joined (``address=None`` would look for one, and fail while another Ray instance
+    # runs on the machine)
+    address = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
+    actors = list_actors(address=address, filters=[("class_name", "=", f"ServeReplica:{app}:{deployment}"),
+                                                   ("state", "=", "ALIVE")])
     return [{"name": a.name, "pid": a.pid, "replica_id": a.name.rsplit("#", 1)[-1], "node_id": a.node_id}
             for a in actors]
+
+
+def without_drafter_app(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` (a deploy YAML as data) with the drafter application left out: the verifier serves alone."""
+    return {**doc, "applications": [a for a in doc["applications"] if a["name"] != DRAFTER_APP_NAME]}
+
+
+def deploy_apps(doc: dict[str, Any]) -> None:
+    """Deploy ``doc``'s applications to the running Serve instance, as ``serve deploy`` does (declaratively: an
+    application left out is deleted, one unchanged is left alone). Needs ``ray.init(address="auto")`` first."""
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    _get_global_client().deploy_apps(ServeDeploySchema.model_validate(doc))
+
+
+def app_status(name: str) -> str:
+    """An application's status (``RUNNING``, ``DEPLOYING``, ...; ``""`` when it does not exist)."""
+    from ray import serve
+
+    app = serve.status().applications.get(name)
+    return getattr(app.status, "value", str(app.status)) if app is not None else ""
+
+
+def drafter_pids() -> list[tuple[int, int]]:
+    """(replica process, drafter actor process) of each drafter replica: what stops when a drafter hangs."""
+    return [(a["pid"], drafter_stats(a["replica_id"])["pid"]) for a in replica_actors(DRAFTER_DEPLOYMENT)]
 
 
 def drafter_stats(replica_id: str) -> dict[str, Any]:

@@ -28,6 +28,8 @@ ISOLATED = [
     "tests/cluster/test_serve_multimodal.py",
     "tests/actors/test_remote_multimodal.py",
     "tests/cluster/test_cli_serve.py",
+    "tests/actors/test_no_drafter_engine.py",
+    "tests/cluster/test_drafter_outage_serve.py",
 ]
 
 

@@ -14,19 +14,28 @@ One step, for each home's share of the batch (``DraftStep.select``):
    and passes large ones through the object store), then ``branches()`` for every sequence homed there (one that
    vLLM did not schedule this step still has its branches when it is back); neither is waited for, unless enough
    of the step missed (``wait_for_misses``): then the client waits for ``propose``'s drafts of the misses.
-   Otherwise the misses get placeholder drafts for this step (vLLM rejects them) and are sent as
+   Otherwise the misses get no drafts this step (undrafted, below) and are sent as
    ``SeqRole.CONTEXT``, like prompt steps: their drafter drafts their next step from the context.
 
 So a step whose sequences all (or mostly) hit never blocks on a drafter: the drafter folds the real hidden
 states in and drafts the next branches while the verifier verifies. A drafter whose call fails or times out, or
 whose answer does not hold up (``check_drafts``, ``check_table``: integer token ids of the target's vocabulary, in
-the shape asked for; vLLM would index its logits with them), is dropped: its sequences get placeholder drafts for
-the step (vLLM rejects them; the output does not change) and move to another drafter at the next step
+the shape asked for; vLLM would index its logits with them), is dropped: its sequences get no drafts for
+the step (the output does not change) and move to another drafter at the next step
 (*re-homed*; their new drafter masks the context it never saw).
 
-Where drafters come from is the subclass's business (``_discover``): ``ActorDraftClient`` has one named actor;
-``cluster.drafter_pool.client.ServeDraftClient`` finds the drafter replicas of a Ray Serve deployment. A client is named
-by an import path in vLLM's ``additional_config`` (``build_client``), so this package never imports Serve.
+A sequence the client has no drafts for this step (no usable drafter, its home failed, a prompt step or a miss not
+waited for, a drafter with no room) is *undrafted* (``DraftReply.undrafted``, with the reason): the proposer proposes
+no draft tokens for it, so vLLM schedules and verifies none (``actors.verifier.proposer``), rather than placeholders
+it would verify and reject. With no usable drafter at all (``usable()`` false) the proposer does not call
+``propose``: every sequence is undrafted and the verifier runs at target-only speed.
+
+Where drafters come from is the subclass's business (``_find``), and it happens in the background only: a
+one-thread executor runs ``_find`` (which may block: a Serve call, a hung replica) every ``discover_period_s``,
+and each step only picks up what it found (``_discover``, never blocking). ``ActorDraftClient`` has one named
+actor; ``cluster.drafter_pool.client.ServeDraftClient`` finds the drafter replicas of a Ray Serve deployment. A
+client is named by an import path in vLLM's ``additional_config`` (``build_client``), so this package never
+imports Serve.
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ import importlib
 import logging
 import time
 from collections import Counter, defaultdict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -46,6 +57,17 @@ from actors.verifier.drafter_health import Quarantine, StepDeadline
 
 logger = logging.getLogger(__name__)
 DRAFT_TIMEOUT_S = 10.0  # a draft call slower than this drafts nothing (its drafter is dropped), unless configured
+DISCOVER_PERIOD_S = 1.0  # background discovery asks for drafters this often (at once again after finding a new one)
+START_WAIT_S = 2.0  # the client's constructor waits this long for its first discovery (engine start, not a step)
+
+
+class Undrafted:
+    """Why a sequence gets no draft tokens this step (``DraftReply.undrafted``; the proposer counts them)."""
+
+    NO_DRAFTER = "no_drafter"  # no usable drafter to home it on
+    FAILED = "failed"  # its home failed, timed out or answered badly this step
+    CONTEXT = "context"  # a prompt step, or a miss not waited for: its drafter drafts its next step from it
+    FULL = "full"  # its drafter had no room for it
 
 
 @dataclass
@@ -65,8 +87,8 @@ class DraftReply:
     error: str = ""
     branch_lookups: int = 0  # sequences that had a branch table entry for this step
     hit_rows: list[int] = field(default_factory=list)  # sequences answered from their branch table
-    # prompt steps not waited for (SeqRole.CONTEXT), and sequences a drafter had no room for (DraftResult.full_rows)
-    placeholder_rows: list[int] = field(default_factory=list)
+    # row -> why it has no drafts this step (``Undrafted``): the proposer proposes none for it
+    undrafted: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -123,7 +145,7 @@ def check_table(table: BranchTable, vocab_size: int | None) -> BranchTable:
 
 def plan_groups(req_ids: list[str], home: dict[str, str]) -> list[tuple[str, list[int]]]:
     """[(home, sequence indices)], one group per home, in order of first appearance; sequences without a home
-    are left out (they get placeholder drafts).
+    are left out (they get no drafts).
 
     Worked example: req_ids [a, b, c, d], home {a: R1, c: R2, d: R1} -> [(R1, [0, 3]), (R2, [2])]."""
     groups: dict[str, list[int]] = defaultdict(list)
@@ -134,14 +156,15 @@ def plan_groups(req_ids: list[str], home: dict[str, str]) -> list[tuple[str, lis
 
 
 class DraftClient:
-    """The pipelined client over a set of drafter links (see the module docstring). Subclasses find drafters."""
+    """The pipelined client over a set of drafter links (see the module docstring). Subclasses find drafters
+    (``_find``, in the background)."""
 
     def __init__(self, timeout_s: float = DRAFT_TIMEOUT_S, new_group_size: int = 4, wait_for_misses: float = 0.5,
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None, discover_period_s: float = DISCOVER_PERIOD_S) -> None:
         """``vocab_size``: the target's; drafts outside it make their drafter a failed one.
 
         ``wait_for_misses``: wait for drafts made on demand when more than this share of a step's sequences
-        missed their branch table (else those get placeholder drafts for the step). Waiting W ms for a step of
+        missed their branch table (else those get no drafts this step). Waiting W ms for a step of
         T ms gains (MAL - 1) tokens per missed sequence; it pays while the missed share exceeds
         MAL * W / ((MAL - 1) * (T + W)): about 0.5 with MAL 2.3 and W / (T + W) 0.3, as measured here."""
         self.deadline = StepDeadline(timeout_s)  # how long a step waits for a drafter
@@ -155,7 +178,12 @@ class DraftClient:
         self.to_free: dict[str, list[str]] = defaultdict(list)  # drafter id -> finished req_ids not yet sent
         self.rehomed = 0  # sequences that moved to another drafter (their home died or was drained)
         self.events: deque[tuple[float, str, int]] = deque(maxlen=1000)  # (time.time(), kind, sequences)
-        # kind: "failed" (a drafter dropped), "rehomed", "readmitted" (a dropped drafter healthy again)
+        # kind: "failed" (a drafter dropped), "rehomed", "readmitted" (a dropped drafter healthy again),
+        # "attached" (a drafter found by discovery)
+        self.discover_period_s = discover_period_s
+        self._finder: ThreadPoolExecutor | None = None  # created at the first discovery
+        self._finding: Future | None = None  # the background discovery in flight
+        self._next_discovery = 0.0  # time.monotonic() of the next one
 
     @property
     def timeout_s(self) -> float:
@@ -168,9 +196,62 @@ class DraftClient:
         self.deadline.max_s = value
 
     # --- drafters ------------------------------------------------------------------------------------
-    def _discover(self, blocking: bool) -> None:
-        """Learn drafters (``self._add_link``); ``blocking``: the client knows none and needs one now."""
+    def _find(self) -> list[tuple[str, Any, dict[str, Any]]]:
+        """Drafters to add: ``[(drafter id, actor handle, info)]``. Runs in the background thread and may block
+        (a Serve call, a hung replica); raising means none found this time."""
         raise NotImplementedError
+
+    def _known(self, drafter_id: str) -> bool:
+        """In use or held out (a dropped drafter stays out until its health probe answers, ``Quarantine``)."""
+        return drafter_id in self.links or drafter_id in self.quarantine
+
+    def _discover(self) -> None:
+        """Never blocks: adds what the background discovery found, and starts the next one when it is due."""
+        now = time.monotonic()
+        if self._finding is not None and self._finding.done():
+            done, self._finding = self._finding, None
+            try:
+                found = done.result()
+            except Exception as e:
+                logger.info("finding drafters failed (%s)", e)
+                found = []
+            if any([self._learn(*f) for f in found]):
+                self._next_discovery = now  # there may be more: ask again at once
+        if self._finding is None and now >= self._next_discovery:
+            self._next_discovery = now + self.discover_period_s
+            if self._finder is None:
+                self._finder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter-discovery")
+            self._finding = self._finder.submit(self._find)
+
+    def start(self, wait_s: float = START_WAIT_S) -> None:
+        """At the engine's start (not on a step's path; subclasses' constructors call it): the first discovery,
+        waited for up to ``wait_s`` (so a pool that is up drafts from the first request); one that takes longer
+        goes on in the background."""
+        self._discover()
+        if self._finding is not None:
+            wait_futures([self._finding], timeout=wait_s)
+            self._discover()
+
+    def _learn(self, drafter_id: str, actor: Any, info: dict[str, Any]) -> bool:
+        """Add a drafter; True if it was new. One the client dropped stays out until its health probe answers
+        (``Quarantine``), whatever discovery says."""
+        new = not self._known(drafter_id)
+        self._add_link(drafter_id, actor, info)
+        if "timeout_s" in info:  # the pool's setting, redeployed with it
+            self.timeout_s = float(info["timeout_s"])
+        if new:
+            self.events.append((time.time(), "attached", 0))
+            logger.info("drafter %s attached", drafter_id)
+        return new
+
+    def usable(self) -> bool:
+        """Whether some drafter can draft this step. Never blocks: readmits drafters whose health probe answered,
+        adds what the background discovery found (and starts the next one)."""
+        for drafter_id, q in self.quarantine.recovered():  # healthy again: back in use for new sequences
+            self._add_link(drafter_id, q.actor, {"drafts_branches": q.drafts_branches})
+            self.events.append((time.time(), "readmitted", 0))
+        self._discover()
+        return bool(self.links)
 
     def _add_link(self, drafter_id: str, actor: Any, info: dict[str, Any]) -> None:
         if drafter_id not in self.links and drafter_id not in self.quarantine:
@@ -218,10 +299,7 @@ class DraftClient:
 
     def _place(self, req_ids: list[str]) -> None:
         """Give sequences without a home one: the least-loaded drafter, ``new_group_size`` at a time."""
-        if not req_ids:
-            return
-        self._discover(blocking=not self.links)
-        if not self.links:
+        if not req_ids or not self.links:
             return
         for i in range(0, len(req_ids), self.new_group_size):
             link = min(self.links.values(), key=lambda lk: lk.load + lk.placed)
@@ -283,10 +361,7 @@ class DraftClient:
         deadline = start + self.deadline.seconds()
         self._finish(step.finished)
         req_ids = [s.req_id for s in step.seqs]
-        for drafter_id, q in self.quarantine.recovered():  # healthy again: back in use for new sequences
-            self._add_link(drafter_id, q.actor, {"drafts_branches": q.drafts_branches})
-            self.events.append((time.time(), "readmitted", 0))
-        self._discover(blocking=False)
+        self.usable()
         self._place([rid for rid in req_ids if rid not in self.home])
         array, dtype = hidden_to_numpy(hidden)
         k = step.num_speculative_tokens
@@ -297,6 +372,7 @@ class DraftClient:
         # 1. Each home's branch table for this step, and each sequence's real outcome looked up in it.
         plans: list[tuple[DrafterLink, list[int], DraftStep, np.ndarray, list[int]]] = []
         groups = plan_groups(req_ids, self.home)
+        reply.undrafted = {i: Undrafted.NO_DRAFTER for i, rid in enumerate(req_ids) if rid not in self.home}
         drafted = 0  # sequences whose drafts the verifier proposes (not prompt steps)
         for drafter_id, idx in groups:
             link = self.links[drafter_id]
@@ -306,6 +382,7 @@ class DraftClient:
             except Exception as e:
                 errors.append(f"{len(idx)} sequences: {type(e).__name__}: {str(e)[:200]}")
                 self._drop(link, [req_ids[i] for i in idx], str(e)[:200])
+                reply.undrafted.update(dict.fromkeys(idx, Undrafted.FAILED))
                 continue
             finally:
                 wait_ms += (time.perf_counter() - t) * 1e3
@@ -316,7 +393,7 @@ class DraftClient:
             missed = []  # positions in idx
             for j, (i, s) in enumerate(zip(idx, sub.seqs, strict=True)):
                 if s.role is SeqRole.CONTEXT:
-                    reply.placeholder_rows.append(i)
+                    reply.undrafted[i] = Undrafted.CONTEXT
                     continue
                 drafted += 1
                 entry = table.get(s.req_id)
@@ -332,7 +409,7 @@ class DraftClient:
             plans.append((link, idx, sub, rows, missed))
 
         # 2. Wait for drafts made now only when enough of the step missed (see ``wait_for_misses``); otherwise
-        # the misses get placeholders, and their drafter drafts their next step from the context, as for a
+        # the misses get no drafts this step, and their drafter drafts their next step from the context, as for a
         # prompt step (``SeqRole.CONTEXT``).
         num_missed = sum(len(p[4]) for p in plans)
         wait = num_missed > self.wait_for_misses * drafted
@@ -348,7 +425,7 @@ class DraftClient:
             if missed and not must_wait:
                 for j in missed:
                     sub.seqs[j] = replace(sub.seqs[j], role=SeqRole.CONTEXT)
-                    reply.placeholder_rows.append(idx[j])
+                    reply.undrafted[idx[j]] = Undrafted.CONTEXT
             ref = link.actor.propose.remote(sub.pack(), array[rows])
             link.branches_ref = (link.actor.branches.remote(homed[link.drafter_id])
                                  if link.drafts_branches else None)
@@ -367,19 +444,22 @@ class DraftClient:
                 if r.status is not DraftStatus.OK:
                     raise RuntimeError(r.error or "drafter failed")
                 check_drafts(r.draft_token_ids, len(idx), k, self.vocab_size)
-            except Exception as e:  # placeholders for these sequences; re-homed next step
+            except Exception as e:  # no drafts for these sequences this step; re-homed next step
                 errors.append(f"{len(idx)} sequences: {type(e).__name__}: {str(e)[:200]}")
                 self._drop(link, [req_ids[i] for i in idx], str(e)[:200], waited=ref)
+                reply.undrafted.update(dict.fromkeys(idx, Undrafted.FAILED))
                 continue
             finally:
                 wait_ms += (time.perf_counter() - t) * 1e3
             reply.draft_token_ids[idx] = r.draft_token_ids
-            reply.placeholder_rows.extend(idx[j] for j in r.full_rows)
+            reply.undrafted.update({idx[j]: Undrafted.FULL for j in r.full_rows})
             link.report(r.active_sequences)
             compute_ms = max(compute_ms, r.compute_ms)
-        if errors or (req_ids and not groups):
-            reply.status = DraftStatus.PARTIAL if errors and len(errors) < len(groups) else DraftStatus.FAILED
-            reply.error = "; ".join(errors) or "no drafter"
+        if errors:
+            reply.status = DraftStatus.PARTIAL if len(errors) < len(groups) else DraftStatus.FAILED
+            reply.error = "; ".join(errors)
+        for i in reply.undrafted:
+            reply.draft_token_ids[i] = 0
         reply.hit_rows.sort()
         return reply, ProposeTiming(ship_ms, max(0.0, wait_ms - compute_ms), compute_ms, not waiting)
 
@@ -393,26 +473,24 @@ class ActorDraftClient(DraftClient):
     """One named drafter actor (``actors.drafter.actor.start_drafter_actor``)."""
 
     def __init__(self, actor: str | Any, namespace: str | None = None, timeout_s: float = DRAFT_TIMEOUT_S,
-                 **kw: Any) -> None:
+                 start_wait_s: float = START_WAIT_S, **kw: Any) -> None:
         super().__init__(timeout_s=timeout_s, **kw)
         self.actor_name, self.namespace = actor, namespace
         self.actor_id = ""  # its drafter id, once known
+        self.start(start_wait_s)
 
-    def _discover(self, blocking: bool) -> None:
-        if self.links or not blocking or self.actor_id in self.quarantine:
-            return
+    def _find(self) -> list[tuple[str, Any, dict[str, Any]]]:
+        """The actor, unless it is already in use or held out (background thread)."""
+        if self.actor_id and self._known(self.actor_id):
+            return []
         import ray
 
         actor = self.actor_name
-        try:
-            if isinstance(actor, str):
-                actor = ray.get_actor(actor, namespace=self.namespace)
-            info = ray.get(actor.info.remote(), timeout=self.timeout_s)
-        except Exception as e:  # dead: the steps draft nothing
-            logger.info("drafter actor unavailable (%s)", e)
-            return
+        if isinstance(actor, str):
+            actor = ray.get_actor(actor, namespace=self.namespace)
+        info = ray.get(actor.info.remote(), timeout=self.timeout_s)  # dead or hung: raises; nothing found
         self.actor_id = info.get("drafter_id") or str(self.actor_name)
-        self._add_link(self.actor_id, actor, info)
+        return [(self.actor_id, actor, info)]
 
 
 def build_client(spec: dict[str, Any]) -> DraftClient:

@@ -32,17 +32,19 @@ import logging
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
+from dataclasses import replace as dataclass_replace
 from typing import NamedTuple
 
 import numpy as np
 import torch
+from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.spec_decode.eagle import EagleProposer
 from vllm.v1.utils import CpuGpuBuffer
 
 from actors.messages import DraftStatus, DraftStep, SeqRole, SeqSlice
 from actors.metrics import ProposerStats, SpecDecodeStats, WaitHistogram
 from actors.timing import ms_since
-from actors.verifier.client import DraftClient, check_drafts, hidden_to_numpy
+from actors.verifier.client import DraftClient, Undrafted, check_drafts, hidden_to_numpy
 
 logger = logging.getLogger(__name__)
 MAX_PER_REQUEST = 4096
@@ -65,7 +67,7 @@ class SentDrafts(NamedTuple):
 
     num_drafts: int
     last_position: int  # of the row the drafts follow: the next step starts at last_position + 1
-    source: str  # "on_demand", "branch" (precomputed) or "placeholder"
+    source: str  # "on_demand" or "branch" (precomputed)
 
 
 @dataclass
@@ -84,6 +86,10 @@ class ProposerState:
     per_request_hits: dict[str, int] = field(default_factory=dict)
     by_source: dict[str, SpecDecodeStats] = field(default_factory=dict)
     waits: WaitHistogram = field(default_factory=WaitHistogram)  # each step's wait for the drafters, for /metrics
+    # Sequences proposed no draft tokens, by reason (``actors.verifier.client.Undrafted``), and the steps none of
+    # whose sequences got drafts because no drafter could draft them (verified target-only).
+    undrafted: dict[str, int] = field(default_factory=dict)
+    steps_without_drafts: int = 0
 
     def stats(self, client: dict | None = None, counters_only: bool = False) -> ProposerStats:
         """``counters_only``: without the per-request tables (what ``/metrics`` reads)."""
@@ -91,7 +97,8 @@ class ProposerState:
         hits = {} if counters_only else dict(self.per_request_hits)
         return ProposerStats(self.steps, self.failures, per_request, self.branch_lookups, self.branch_hits, hits,
                              dict(self.by_source), dict(client or {}),
-                             step_waits=replace(self.waits, counts=list(self.waits.counts)))
+                             step_waits=replace(self.waits, counts=list(self.waits.counts)),
+                             undrafted=dict(self.undrafted), steps_without_drafts=self.steps_without_drafts)
 
 
 def step_rows(
@@ -132,6 +139,7 @@ class RemoteEagleProposer(EagleProposer):
         self.mm_steps = 0  # steps whose propose() was handed image embeddings (the runner gathered them)
         self.state = ProposerState()
         self._finished: set[str] = set()  # finished by the scheduler, not yet sent to the drafters
+        self.draft_lengths: dict[str, int] = {}  # req_id -> draft tokens proposed this step, where fewer than k
 
     # --- images ------------------------------------------------------------------------------------
     # vLLM's runner gathers the image embeddings for the drafter (``_gather_mm_embeddings``, every step) when the
@@ -239,6 +247,7 @@ class RemoteEagleProposer(EagleProposer):
         k = num_speculative_tokens
         batch_size = common_attn_metadata.batch_size()
         placeholder = torch.zeros(batch_size, k, dtype=torch.long, device=target_token_ids.device)
+        self.draft_lengths = {}
         if not self.is_driver or self.client is None:
             return placeholder
         qsl = common_attn_metadata.query_start_loc_cpu[: batch_size + 1].long()
@@ -247,15 +256,8 @@ class RemoteEagleProposer(EagleProposer):
         else:
             last = token_indices_to_sample[:batch_size].long().cpu()
         rows, counts = step_rows(qsl, last)
-        # Input token of row j is the token after it: target_token_ids[j + 1], or the sampled next token
-        # for each sequence's last row.
-        shifted = torch.empty_like(target_token_ids[: qsl[-1]])
-        shifted[:-1] = target_token_ids[1 : qsl[-1]]
-        shifted[last.to(shifted.device)] = next_token_ids[:batch_size].to(shifted.dtype)
         rows_dev = rows.to(target_token_ids.device)
-        input_ids = shifted[rows_dev].cpu().numpy().astype(np.int32)
         positions = target_positions[rows_dev].cpu()
-        hidden = target_hidden_states[rows_dev]
         req_ids = list(self.runner.input_batch.req_ids[:batch_size])
         offsets = (torch.cumsum(counts, 0) - counts).tolist()
         seqs = [
@@ -263,17 +265,22 @@ class RemoteEagleProposer(EagleProposer):
             for rid, off, n in zip(req_ids, offsets, counts.tolist(), strict=True)
         ]
         finished, self._finished = sorted(self._finished), set()
-        prompt_lens = getattr(self.runner.input_batch, "num_prompt_tokens", None)
-        if prompt_lens is not None:
-            # A step whose rows end in the prompt: a partial prefill (vLLM discards its drafts), or the prompt's
-            # last chunk. A pipelined drafter does not make the verifier wait for those (``SeqRole.CONTEXT``).
-            ends = [s.start_position + s.num_tokens for s in seqs]
-            in_prefill = [end < int(prompt_lens[i]) for i, end in enumerate(ends)]
-            seqs = [replace(s, role=SeqRole.CONTEXT) if end <= int(prompt_lens[i]) else s
-                    for i, (s, end) in enumerate(zip(seqs, ends, strict=True))]
-        else:
-            in_prefill = [False] * len(seqs)
+        seqs, in_prefill = self._prompt_roles(seqs)
         self._account(seqs, finished, k, in_prefill)
+        if not self.client.usable():
+            # No drafter can draft (none found yet, all dropped, the pool gone): nothing is shipped or waited
+            # for, no sequence gets draft tokens, and vLLM verifies none: the step runs at target-only speed.
+            if finished:
+                self.client.free(finished)
+            self._undraft(seqs, dict.fromkeys(range(len(seqs)), Undrafted.NO_DRAFTER))
+            return placeholder
+        # Input token of row j is the token after it: target_token_ids[j + 1], or the sampled next token
+        # for each sequence's last row.
+        shifted = torch.empty_like(target_token_ids[: qsl[-1]])
+        shifted[:-1] = target_token_ids[1 : qsl[-1]]
+        shifted[last.to(shifted.device)] = next_token_ids[:batch_size].to(shifted.dtype)
+        input_ids = shifted[rows_dev].cpu().numpy().astype(np.int32)
+        hidden = target_hidden_states[rows_dev]
         step = DraftStep(self.state.steps, k, seqs, input_ids, finished)
         # Padded layout (rows are the step's scheduled tokens), the one this project runs; vLLM gathers the image
         # embeddings over the scheduled tokens too.
@@ -286,29 +293,76 @@ class RemoteEagleProposer(EagleProposer):
         self.state.steps += 1
         try:
             result, timing = self.client.propose(step, hidden)
-            if result.status is DraftStatus.FAILED:
-                raise RuntimeError(result.error or "drafter reported a failure")
-            if result.status is DraftStatus.PARTIAL:  # some sequences got placeholders; the rest drafted
+            if result.status is not DraftStatus.OK:  # some drafter failed: its sequences get no drafts this step
                 self.state.failures += 1
-                logger.warning("drafter failed for part of step %d (%s)", step.step_id, result.error)
-            # Whatever client is configured, vLLM gets [batch_size, k] ids of its vocabulary or placeholders.
+                logger.warning("drafter failed for %s of step %d (%s)",
+                               "all" if result.status is DraftStatus.FAILED else "part", step.step_id, result.error)
+            # Whatever client is configured, vLLM gets [batch_size, k] ids of its vocabulary.
             checked = check_drafts(np.asarray(result.draft_token_ids), batch_size, k,
                                    getattr(self.client, "vocab_size", None))
             drafts = torch.from_numpy(checked.astype(np.int64)).to(placeholder.device)
             self._record_hits(seqs, result.branch_lookups, result.hit_rows)
-            self._set_source(seqs, result.placeholder_rows, "placeholder")
         except Exception as e:  # a drafter that errors or dies never fails a request
             self.state.failures += 1
-            logger.warning("drafter failed at step %d (%s); this step proposes no usable drafts", step.step_id, e)
-            for s in seqs:
-                self.state.pending.pop(s.req_id, None)
+            logger.warning("drafter failed at step %d (%s); this step proposes no drafts", step.step_id, e)
+            self._undraft(seqs, dict.fromkeys(range(len(seqs)), Undrafted.FAILED))
             return placeholder
+        self._undraft(seqs, result.undrafted)
         self.state.timings.append(
             StepTiming(batch_size, int(rows.numel()), ms_since(start, self.device), timing.ship_ms,
                        timing.wait_ms, timing.compute_ms, timing.all_hits)
         )
         self.state.waits.observe(timing.wait_ms)  # /metrics: eagle_cluster_step_wait_seconds
         return drafts
+
+    def _prompt_roles(self, seqs: list[SeqSlice]) -> tuple[list[SeqSlice], list[bool]]:
+        """(seqs with ``SeqRole.CONTEXT`` for a step whose rows end in the prompt, whether each is a partial
+        prefill): a partial prefill (vLLM discards its drafts), or the prompt's last chunk. A pipelined drafter
+        does not make the verifier wait for those."""
+        prompt_lens = getattr(self.runner.input_batch, "num_prompt_tokens", None)
+        if prompt_lens is None:
+            return seqs, [False] * len(seqs)
+        ends = [s.start_position + s.num_tokens for s in seqs]
+        in_prefill = [end < int(prompt_lens[i]) for i, end in enumerate(ends)]
+        seqs = [replace(s, role=SeqRole.CONTEXT) if end <= int(prompt_lens[i]) else s
+                for i, (s, end) in enumerate(zip(seqs, ends, strict=True))]
+        return seqs, in_prefill
+
+    # --- draft lengths: how many of its k drafts each sequence gets this step ------------------------------------
+    def _undraft(self, seqs: list[SeqSlice], rows: dict[int, str]) -> None:
+        """These sequences (index -> ``Undrafted`` reason) get no draft tokens this step: vLLM schedules and
+        verifies none for them (``trim_drafts``), and no acceptance is counted for them. A step none of whose
+        sequences got drafts because no drafter could draft them counts in ``steps_without_drafts``."""
+        st = self.state
+        for i, reason in rows.items():
+            self.limit_drafts(seqs[i].req_id, 0)
+            st.undrafted[reason] = st.undrafted.get(reason, 0) + 1
+        if seqs and len(rows) == len(seqs) and any(r in (Undrafted.NO_DRAFTER, Undrafted.FAILED)
+                                                   for r in rows.values()):
+            st.steps_without_drafts += 1
+
+    def limit_drafts(self, req_id: str, n: int) -> None:
+        """Propose at most ``n`` draft tokens for ``req_id`` this step (0: none; vLLM then schedules only the
+        sampled token for it): the one way this proposer drafts fewer than k for a sequence."""
+        self.draft_lengths[req_id] = min(n, self.draft_lengths.get(req_id, n))
+        sent = self.state.pending.get(req_id)
+        if sent is not None:
+            if n > 0:
+                self.state.pending[req_id] = sent._replace(num_drafts=min(n, sent.num_drafts))
+            else:
+                del self.state.pending[req_id]
+
+    def trim_drafts(self, drafts: DraftTokenIds) -> DraftTokenIds:
+        """vLLM's draft token ids for its scheduler (``take_draft_token_ids``), each request's list cut to its
+        length this step (``limit_drafts``); the scheduler schedules as many draft tokens as a list holds, and
+        none for an empty one. Worked example: req_ids [a, b], ids [[5, 6, 7], [8, 9, 1]], lengths {b: 0} ->
+        [[5, 6, 7], []]."""
+        if not self.draft_lengths:
+            return drafts
+        lengths = self.draft_lengths
+        ids = [list(t)[: lengths.get(rid, len(t))] for rid, t in zip(drafts.req_ids, drafts.draft_token_ids,
+                                                                    strict=True)]
+        return dataclass_replace(drafts, draft_token_ids=ids)
 
     def _record_hits(self, seqs: list[SeqSlice], lookups: int, hit_rows: list[int]) -> None:
         st = self.state

@@ -7,6 +7,9 @@ get the same CPU kernel fix (``actors.vllm_fixes``) and the same per-step timing
 ``model_runner.drafter`` before ``load_model`` runs, so no draft weights are ever loaded here. The drafter client
 comes from ``additional_config["eagle_cluster"]["draft_client"]`` (see ``actors.verifier.client.build_client``).
 
+``take_draft_token_ids`` hands vLLM's scheduler each request's drafts cut to the length the proposer chose this step
+(none at all when no drafter can draft it: vLLM then schedules and verifies no draft tokens for it).
+
 RPCs (``LLM.collective_rpc`` / ``engine.collective_rpc``): ``eagle_cluster_stats`` returns the proposer's
 counters, timings and per-request acceptance as plain dicts.
 """
@@ -20,6 +23,7 @@ from collections import deque
 from typing import Any
 
 from vllm.platforms import current_platform
+from vllm.v1.outputs import DraftTokenIds
 
 if current_platform.is_cpu():
     from vllm.v1.worker.cpu_worker import CPUWorker as _PlatformWorker
@@ -89,6 +93,7 @@ class RemoteDraftWorker(_PlatformWorker):
     def execute_model(self, scheduler_output, *args: Any, **kwargs: Any):
         drafter = getattr(self.model_runner, "drafter", None)
         if isinstance(drafter, RemoteEagleProposer):
+            drafter.draft_lengths = {}  # this step's, set by propose (the runner may not call it)
             if scheduler_output.total_num_scheduled_tokens == 0:
                 # The engine's last step before going idle carries the requests that just finished: free their
                 # draft state now, since no propose() follows to carry them.
@@ -103,6 +108,18 @@ class RemoteDraftWorker(_PlatformWorker):
 
     def sample_tokens(self, *args: Any, **kwargs: Any):
         return self._timed(self._sample_ms, super().sample_tokens, *args, **kwargs)
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """The drafts vLLM's scheduler schedules for the next step (engine core: ``post_step``), each request's cut
+        to the length the proposer chose for it this step (``RemoteEagleProposer.trim_drafts``): a request with none
+        (no usable drafter, its drafter failed, ...) is scheduled no draft tokens, so vLLM verifies none for it, and
+        a step with none at all costs what a target-only step costs. The scheduler reads the output rank's answer:
+        tensor-parallel rank 0, the driver."""
+        drafts = super().take_draft_token_ids()
+        drafter = getattr(self.model_runner, "drafter", None)
+        if drafts is not None and isinstance(drafter, RemoteEagleProposer):
+            drafts = drafter.trim_drafts(drafts)
+        return drafts
 
     def init_device(self) -> None:
         super().init_device()

@@ -86,7 +86,7 @@ class Pool(DraftClient):
         super().__init__(timeout_s=1.0, vocab_size=VOCAB)
         self.drafters, self.drafts_branches = drafters, drafts_branches
 
-    def _discover(self, blocking: bool) -> None:
+    def _discover(self) -> None:
         for drafter_id, (actor, load) in self.drafters.items():
             self._add_link(drafter_id, actor, {"drafts_branches": self.drafts_branches, "active_sequences": load})
 

@@ -23,6 +23,10 @@ class Client:
     def __init__(self) -> None:
         self.steps: list[DraftStep] = []
         self.freed: list[str] = []
+        self.drafters = 1  # usable drafters (0: the proposer drafts nothing and ships nothing)
+
+    def usable(self) -> bool:
+        return self.drafters > 0
 
     def propose(self, step: DraftStep, hidden: torch.Tensor) -> tuple[DraftReply, ProposeTiming]:
         self.steps.append(step)
@@ -37,6 +41,7 @@ def proposer() -> RemoteEagleProposer:
     p = object.__new__(RemoteEagleProposer)
     p.is_driver, p.client, p.state, p._finished, p.device = True, Client(), ProposerState(), set(), torch.device("cpu")
     p.runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=[]))
+    p.draft_lengths = {}
     return p
 
 

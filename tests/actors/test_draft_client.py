@@ -1,6 +1,6 @@
 """The pipelined draft client (``actors.verifier.client``) against real drafter actors on a local Ray, with toy
 heads: a hit is answered from the branch table without waiting for the drafter, a miss is waited for, a prompt
-step is not waited for; a drafter that dies costs placeholder drafts for one step, then its sequences re-home."""
+step is not waited for; a drafter that dies costs one step without drafts, then its sequences re-home."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_hits_do_not_wait_misses_do(ray_local, toy_heads):
     width = 64
     # A prompt step: placeholders at once, the drafter caches the rows and drafts branches for outcome a = 0.
     reply, timing = client.propose(*step(0, [("s", 0, list(range(1, 12)), SeqRole.CONTEXT)], width))
-    assert reply.status is DraftStatus.OK and timing.all_hits and reply.placeholder_rows == [0]
+    assert reply.status is DraftStatus.OK and timing.all_hits and reply.undrafted == {0: "context"}
     assert not reply.draft_token_ids.any()
     entry = table_of(client).entries["s"]
     assert entry.last_position == 10 and entry.served == [] and {a for a, _ in entry.drafts} == {0}
@@ -68,11 +68,11 @@ def test_hits_do_not_wait_misses_do(ray_local, toy_heads):
     assert not timing.all_hits and reply.hit_rows == [] and reply.status is DraftStatus.OK
     assert reply.draft_token_ids.shape == (1, K)
 
-    # The drafter dies: placeholders for the step, counted, never raised.
+    # The drafter dies: no drafts for the step, counted, never raised.
     ray.kill(actor)
     reply, _ = client.propose(*step(3, [("s", 13, [5, 6], SeqRole.DRAFT)], width))
-    assert reply.status is DraftStatus.FAILED and not reply.draft_token_ids.any()
-    assert [kind for _, kind, _ in client.events] == ["failed"]
+    assert reply.status is DraftStatus.FAILED and not reply.draft_token_ids.any() and reply.undrafted == {0: "failed"}
+    assert [kind for _, kind, _ in client.events] == ["attached", "failed"]
 
 
 class FixedPool(DraftClient):
@@ -82,7 +82,7 @@ class FixedPool(DraftClient):
         super().__init__(**kw)
         self.actors = actors
 
-    def _discover(self, blocking: bool) -> None:
+    def _discover(self) -> None:
         for actor in self.actors:
             try:
                 info = ray.get(actor.info.remote(), timeout=5)

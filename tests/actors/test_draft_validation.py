@@ -59,7 +59,7 @@ class Pool(DraftClient):
         super().__init__(new_group_size=1, vocab_size=VOCAB, **kw)
         self.unseen = list(drafters)
 
-    def _discover(self, blocking: bool) -> None:
+    def _discover(self) -> None:
         for d in self.unseen:
             self._add_link(d.name, d, {"drafts_branches": d.table is not None})
         self.unseen = []
@@ -113,7 +113,7 @@ def test_bad_branch_table_fails_that_drafter(ray_local):
     client = Pool([drafter])
     table["t"] = BranchTable({"a": BranchEntry(1, [], {(0, 5): [1, 2, VOCAB + 3]})})
     reply, _ = client.propose(*step(0, [("a", 0, [1, 2])], role=SeqRole.CONTEXT))
-    assert reply.status is DraftStatus.OK and reply.placeholder_rows == [0]
+    assert reply.status is DraftStatus.OK and reply.undrafted == {0: "context"}
     reply, timing = client.propose(*step(1, [("a", 2, [5])]))  # the guessed outcome: would be a hit
     assert reply.status is DraftStatus.FAILED and "vocabulary" in reply.error
     assert not reply.draft_token_ids.any() and reply.hit_rows == [] and "d" not in client.links

@@ -92,6 +92,9 @@ def test_remote_propose_times_until_the_device_is_done(monkeypatch):
     from actors.verifier.proposer import ProposerState, RemoteEagleProposer
 
     class Client:
+        def usable(self):
+            return True
+
         def propose(self, step, hidden):
             drafts = np.full((len(step.seqs), step.num_speculative_tokens), 7, np.int32)
             return DraftReply(DraftStatus.OK, drafts), ProposeTiming(0.0, 0.0, 0.1, False)
