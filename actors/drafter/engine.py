@@ -327,6 +327,7 @@ class DrafterEngine:
                 hashes = t.hashes_up_to(whole)
                 for b in range(t.stored, len(hashes)):
                     store.put(hashes[b], self.cache.k, self.cache.v, slot, b * t.block_size)
+                store.touch(hashes)
                 t.stored = max(t.stored, len(hashes))
 
     def take_prefix_counts(self) -> tuple[int, int]:

@@ -149,9 +149,14 @@ class PrefixBlockStore:
             if b is None:
                 break
             blocks.append(b)
-        for h in reversed(hashes[: len(blocks)]):
-            self.index.move_to_end(h)
+        self.touch(hashes[: len(blocks)])
         return blocks
+
+    def touch(self, hashes: Sequence[bytes]) -> None:
+        """A chain's stored blocks become the most recently used, its first block last (evicted last)."""
+        for h in reversed(hashes):
+            if h in self.index:
+                self.index.move_to_end(h)
 
     def _allocate(self) -> int:
         if not self.free_blocks:
