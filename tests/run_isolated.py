@@ -27,6 +27,7 @@ ISOLATED = [
     "tests/cluster/test_serve_deploy.py",
     "tests/cluster/test_serve_multimodal.py",
     "tests/actors/test_remote_multimodal.py",
+    "tests/actors/test_prefix_caching.py",
 ]
 
 
