@@ -106,8 +106,9 @@ def test_one_drafter_exact_counts_hits_and_matches_colocated_acceptance(ray_clus
 
     tokens, spec, stats, (drafter,) = cluster_run(["p1"], workload)
     assert tokens == reference
-    # 3 requests hit the 3 cached system-prompt blocks (384 tokens), the second turn its first turn's blocks.
-    assert stats.client["prefix_hit_tokens"] >= 3 * 384 + 384 and stats.client["prefix_miss_tokens"] == 0
+    # 3 requests share the system prompt's 3 full blocks (384 tokens), the second turn its first turn's; vLLM drops
+    # the last matched block for EAGLE (it recomputes it for hidden states), so each starts at 256: all found here.
+    assert stats.client["prefix_hit_tokens"] == 4 * 256 and stats.client["prefix_miss_tokens"] == 0
     assert drafter["prefix_hit_tokens"] == stats.client["prefix_hit_tokens"]
     assert "eagle_cluster_draft_prefix_hit_tokens " in stats.prometheus()
     llm = make_llm(str(TARGET), speculative_config=SPEC)
