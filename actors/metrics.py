@@ -53,7 +53,7 @@ class SpecDecodeStats:
         return "\n".join(lines)
 
 
-COUNTER_KEYS = ("rehomed", "drafters", "quarantined")  # the draft client's counts that /metrics shows
+COUNTER_KEYS = ("rehomed", "drafters", "quarantined", "prefix_hit_tokens", "prefix_miss_tokens")  # on /metrics
 
 
 @dataclass
