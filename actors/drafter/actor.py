@@ -59,12 +59,14 @@ class DrafterActor:
                  branches: BranchConfig | dict[str, Any] | None = None,
                  cpu_affinity: list[int] | None = None, device: str | None = None, dtype: str | None = None,
                  max_num_seqs: int = 1024, kv_cache_gib: float | None = None,
-                 idle_slot_ttl_s: float | None = 300.0, max_k: int = MAX_SPECULATIVE_TOKENS) -> None:
+                 idle_slot_ttl_s: float | None = 300.0, max_k: int = MAX_SPECULATIVE_TOKENS,
+                 prefix_cache_fraction: float = 0.2) -> None:
         """``max_k``: the most draft tokens a step may ask for (more: a ``FAILED`` answer).
         ``cpu_affinity``: bind this process to these cores (a drafter with cores of its own).
         ``max_num_seqs`` / ``kv_cache_gib``: the most sequences the draft KV cache holds, and its memory cap;
         sequences past either get no drafts (``DraftResult.full_rows``), never an error. ``idle_slot_ttl_s``: a
         sequence not stepped for this long loses its slot (``DrafterEngine``; ``None``: never).
+        ``prefix_cache_fraction``: the draft KV memory for the prefix cache's blocks (``DrafterEngine``; 0: none).
         ``device`` / ``dtype``: forced, or ``None`` to decide from the resources this actor was given and the head
         (``actors.drafter.placement``): a GPU and the head's dtype when it has a GPU, else the CPU in float32."""
         if cpu_affinity:
@@ -87,7 +89,7 @@ class DrafterActor:
                                                     branches=branches, device=self.placement.device,
                                                     dtype=self.placement.dtype, max_num_seqs=max_num_seqs,
                                                     kv_cache_gib=kv_cache_gib, idle_slot_ttl_s=idle_slot_ttl_s,
-                                                    max_k=max_k)
+                                                    max_k=max_k, prefix_cache_fraction=prefix_cache_fraction)
         self.head_dir = head_dir
         self.drafter_id = drafter_id  # answered with every result, so a pool's client knows who drafted
         self.steps = 0
@@ -172,6 +174,10 @@ class DrafterActor:
             "async_drafting": self.engine.branch_config is not None,
             "branch_hits": self.branch_hits,
             "branch_lookups": self.branch_lookups,
+            "prefix_hit_tokens": self.engine.prefix_hit_tokens,
+            "prefix_miss_tokens": self.engine.prefix_miss_tokens,
+            "prefix_cached_blocks": self.engine.prefix_store.num_cached if self.engine.prefix_store else 0,
+            "prefix_evicted_blocks": self.engine.prefix_store.evicted if self.engine.prefix_store else 0,
         }
 
     def load_window(self) -> dict[str, float]:
@@ -212,6 +218,7 @@ def start_drafter_actor(
     max_num_seqs: int = 1024,
     kv_cache_gib: float | None = None,
     idle_slot_ttl_s: float | None = 300.0,
+    prefix_cache_fraction: float = 0.2,
 ):
     """A named ``DrafterActor`` on its own resources; returns its handle once the head is loaded.
 
@@ -226,7 +233,7 @@ def start_drafter_actor(
     handle = drafter_actor_class(**opts).remote(
         head_dir, target_dir, max_model_len, num_threads, name or "", branches=branches, cpu_affinity=cpu_affinity,
         device=device, dtype=dtype, max_num_seqs=max_num_seqs, kv_cache_gib=kv_cache_gib,
-        idle_slot_ttl_s=idle_slot_ttl_s,
+        idle_slot_ttl_s=idle_slot_ttl_s, prefix_cache_fraction=prefix_cache_fraction,
     )
     ray.get(handle.ping.remote())
     return handle

@@ -92,7 +92,7 @@ def guesses(
 
 class BranchAttention:
     """``AttendFn`` for branch passes: each branch row attends to its sequence's cache slot up to its base
-    position (L+a; chunk and ``known_from`` rules as ``CacheAttention``) and to the branch's own rows so far,
+    position (L+a; chunk, ``known_from`` and gap rules as ``CacheAttention``) and to the branch's own rows so far,
     which live here, not in the cache (branches of one sequence would overwrite each other).
 
     ``slots`` and ``base`` are CPU tensors (window widths are read from them without a device round trip);
@@ -110,6 +110,7 @@ class BranchAttention:
         dev = cache.device
         self.base_d, self.first_q_d = self.base.to(dev), self.first_q.to(dev)
         self.known_from_d = cache.known_from[slots].to(dev)  # [R]
+        self.gap_d = (cache.gap_lo[slots].to(dev), cache.gap_hi[slots].to(dev))  # [R] each: masked [lo, hi)
         self.local_k: dict[int, list[torch.Tensor]] = {}
         self.local_v: dict[int, list[torch.Tensor]] = {}
         self._slot_keys: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
@@ -134,6 +135,7 @@ class BranchAttention:
         local_pos = self.first_q_d[:, None] + torch.arange(n_local, device=key_pos.device)  # [R, n_local]
         q_pos = positions[:, None]
         slot_mask = (key_pos <= self.base_d[:, None]) & (key_pos >= self.known_from_d[:, None])
+        slot_mask &= (key_pos < self.gap_d[0][:, None]) | (key_pos >= self.gap_d[1][:, None])
         local_mask = torch.ones_like(local_pos, dtype=torch.bool)
         chunk = self.chunks[layer]
         if chunk:

@@ -17,6 +17,10 @@ Devices: the head, the draft KV cache and the activations live on ``device`` (in
 bookkeeping of a step (slots, positions, masks) is computed on the CPU, where it costs no device round trip, and
 copied to the device once per pass. ``actors.drafter.placement`` decides device and dtype for the actor.
 
+Prefix caching (``actors.drafter.prefix_cache``): a sequence's first step carries its prompt; the engine hashes its
+blocks, and when the step starts past 0 (vLLM's own prefix-cache hit) copies the cached blocks into the sequence's
+slot before the context pass. As its rows fill blocks, they are stored for the sequences that come after.
+
 With asynchronous drafting (``branches``), sequences whose outcome was guessed skip all of that (their drafts
 were precomputed), and ``after_step`` does the rest off the critical path: ``actors.drafter.branches``.
 """
@@ -35,6 +39,7 @@ import torch
 
 from actors.drafter.branches import BranchAttention, BranchConfig, BranchEntry, guesses
 from actors.drafter.kv_cache import DraftKVCache, device_budget_gib
+from actors.drafter.prefix_cache import PrefixBlockStore, SeqTokens
 from actors.eagle.heads import DraftHead
 from actors.eagle.layers import sdpa_attend
 from actors.messages import (
@@ -96,6 +101,7 @@ class CacheAttention:
         self.last_pos = self.q_pos.max(dim=1).values  # [B]
         self.q_pos_d = self.q_pos.to(b.device)
         self.known_from_d = cache.known_from[b.slots].to(b.device)  # [B]
+        self.gap_d = (cache.gap_lo[b.slots].to(b.device), cache.gap_hi[b.slots].to(b.device))  # [B] each
         self._windows: dict[int | None, tuple[torch.Tensor, torch.Tensor]] = {}
         self._masks: dict[int | None, torch.Tensor] = {}  # when one block holds all query rows
 
@@ -114,6 +120,7 @@ class CacheAttention:
         q = self.q_pos_d[:, rows, None]
         k = key_pos[:, None, :]
         m = (k <= q) & (q >= 0) & (k >= self.known_from_d[:, None, None])
+        m &= (k < self.gap_d[0][:, None, None]) | (k >= self.gap_d[1][:, None, None])  # no gap: lo >= hi
         if chunk:
             m &= (k // chunk) == (q // chunk)
         m[:, :, 0] |= q[:, :, 0] < 0  # padding rows see one key, to keep softmax finite
@@ -194,6 +201,7 @@ class DrafterEngine:
         idle_slot_ttl_s: float | None = 300.0,
         clock: Callable[[], float] = time.monotonic,
         max_k: int = MAX_SPECULATIVE_TOKENS,
+        prefix_cache_fraction: float = 0.2,
     ) -> None:
         """``branches``: asynchronous drafting (``actors.drafter.branches``); ``after_step`` then does the
         off-critical-path work of each step, and must run before the next ``propose``.
@@ -209,7 +217,14 @@ class DrafterEngine:
         step (``evicted`` counts them; ``None``: never): a sequence whose verifier died, or whose free never came,
         would otherwise hold it for good and count as load. One that comes back later is drafted as re-homed.
 
-        ``max_k``: the most draft tokens a step may ask for; a step asking for more is refused (``BadStep``)."""
+        ``max_k``: the most draft tokens a step may ask for; a step asking for more is refused (``BadStep``).
+
+        ``prefix_cache_fraction``: the share of ``kv_cache_gib`` (or of the CUDA default) the prefix cache's blocks
+        may take (``actors.drafter.prefix_cache``; the slots get the rest); with no memory cap (a CPU) it may hold
+        as many blocks as ``prefix_cache_fraction * max_num_seqs`` slots, allocated as they fill. 0: no prefix
+        cache (a sequence starting past 0 is drafted from what follows, as a re-homed one)."""
+        if not 0 <= prefix_cache_fraction < 1:
+            raise ValueError(f"drafter: prefix_cache_fraction {prefix_cache_fraction} outside [0, 1)")
         self.dtype = dtype or head.embed_tokens.weight.dtype
         self.head = head.cast(self.dtype).to(device).eval().fuse()
         self.device = device
@@ -222,14 +237,22 @@ class DrafterEngine:
         if kv_cache_gib is None:
             kv_cache_gib = device_budget_gib(device, kv_cache_free_fraction)
         if kv_cache_gib is not None:
+            self.prefix_cache_bytes = int(prefix_cache_fraction * kv_cache_gib * 2**30)
+            kv_cache_gib *= 1 - prefix_cache_fraction
             max_num_seqs = min(max_num_seqs, int(kv_cache_gib * 2**30 // slot_bytes))
             if max_num_seqs < 1:
                 raise ValueError(f"drafter: kv_cache_gib {kv_cache_gib} holds no sequence of max_model_len "
                                  f"{max_model_len} ({slot_bytes / 2**30:.3f} GiB each)")
+        else:
+            self.prefix_cache_bytes = int(prefix_cache_fraction * max_num_seqs * slot_bytes)
         self.cache = DraftKVCache(
             spec.num_layers, spec.num_kv_heads, spec.head_dim, max_len=max_model_len + 1,
             initial_slots=min(8, max_num_seqs), max_slots=max_num_seqs, dtype=self.dtype, device=device,
         )
+        self.prefix_store: PrefixBlockStore | None = None  # made at the first step naming a block size
+        self.seq_tokens: dict[str, SeqTokens] = {}  # sequences whose blocks are hashed (their prompt came)
+        self.prefix_hit_tokens = self.prefix_miss_tokens = 0  # since start
+        self._prefix_unreported = [0, 0]  # (hit, miss) since the last DraftResult
         self.chunks = {i: layer.self_attn.chunk_size for i, layer in enumerate(head.layers)}
         self.branch_config = branches
         self.branch_table: dict[str, BranchEntry] = {}
@@ -251,6 +274,66 @@ class DrafterEngine:
         self.cache.free(req_ids)
         for rid in req_ids:
             self.branch_table.pop(rid, None)
+            self.seq_tokens.pop(rid, None)
+
+    # --- prefix cache ---------------------------------------------------------------------------------
+    def _store(self, block_size: int) -> PrefixBlockStore | None:
+        """The prefix cache for blocks of ``block_size`` (the first block size a step names; None: off, or
+        another size)."""
+        if self.prefix_store is None and self.prefix_cache_bytes > 0 and block_size > 0:
+            spec = self.spec
+            per_block = PrefixBlockStore.bytes_per_block(spec.num_layers, block_size, spec.num_kv_heads,
+                                                         spec.head_dim, self.dtype)
+            if self.prefix_cache_bytes >= per_block:
+                self.prefix_store = PrefixBlockStore(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim,
+                                                     self.prefix_cache_bytes // per_block, self.dtype, self.device)
+        store = self.prefix_store
+        return store if store is not None and store.block_size == block_size else None
+
+    def _prefix_start(self, rid: str, slot: int, prompt: np.ndarray, block_size: int, start: int) -> None:
+        """A new sequence whose prompt came with its first step: track its tokens and, when vLLM skipped
+        [0, start) (its own prefix-cache hit), copy what this drafter caches of that prefix into its slot."""
+        store = self._store(block_size)
+        if store is None:
+            return
+        t = self.seq_tokens[rid] = SeqTokens(int(prompt.shape[0]), prompt.tolist(), block_size)
+        if start <= 0:
+            return
+        blocks = store.longest(t.hashes_up_to(min(start, self.cache.max_len) // block_size))
+        store.copy_into(blocks, self.cache.k, self.cache.v, slot)
+        known = len(blocks) * block_size
+        self.cache.restore_prefix(slot, known, start)
+        t.stored = len(blocks)
+        t.broken = known < start  # a gap: the blocks past it were drafted without their whole context
+        hit, miss = known, start - known
+        self.prefix_hit_tokens += hit
+        self.prefix_miss_tokens += miss
+        self._prefix_unreported[0] += hit
+        self._prefix_unreported[1] += miss
+
+    def _prefix_store_rows(self, step: DraftStep, slots: torch.Tensor) -> None:
+        """After a context pass: the tracked sequences' new tokens, and their blocks now whole, into the store."""
+        for i, s in enumerate(step.seqs):
+            t = self.seq_tokens.get(s.req_id)
+            if t is None or t.broken:
+                continue
+            t.add_rows(s.start_position, step.input_ids[s.start : s.start + s.num_tokens])
+            slot = int(slots[i])
+            store = self.prefix_store
+            if t.broken or store is None or not self.cache.full_context(slot):
+                continue
+            whole = int(self.cache.next_pos[slot]) // t.block_size
+            if whole > t.stored:
+                hashes = t.hashes_up_to(whole)
+                for b in range(t.stored, len(hashes)):
+                    store.put(hashes[b], self.cache.k, self.cache.v, slot, b * t.block_size)
+                store.touch(hashes)
+                t.stored = max(t.stored, len(hashes))
+
+    def take_prefix_counts(self) -> tuple[int, int]:
+        """(hit, miss) prefix tokens since the last call (what a ``DraftResult`` reports)."""
+        counts, self._prefix_unreported = tuple(self._prefix_unreported), [0, 0]
+        return counts
 
     def evict_idle(self, keep: set[str]) -> list[str]:
         """Free the sequences idle past ``idle_slot_ttl_s``, except ``keep`` (those of the step at hand)."""
@@ -259,6 +342,7 @@ class DrafterEngine:
         idle = self.cache.evict_idle(self.clock() - self.idle_slot_ttl_s, keep)
         for rid in idle:
             self.branch_table.pop(rid, None)
+            self.seq_tokens.pop(rid, None)
         self.evicted += len(idle)
         return idle
 
@@ -331,8 +415,14 @@ class DrafterEngine:
     def _context(self, step: DraftStep, hidden: torch.Tensor) -> tuple[_Chain, int]:
         """Pass 0: all rows of all sequences at once, writing their K/V; each sequence's last row starts a chain."""
         num_seqs = len(step.seqs)
+        slot_of = self.cache.slot_of
+        new = [i for i, s in enumerate(step.seqs) if s.req_id not in slot_of and s.req_id in step.prompts]
+        prefixed = {step.seqs[i].req_id for i in new} if self._store(step.block_size) is not None else set()
         slots, cold = self.cache.slots_for([s.req_id for s in step.seqs], [s.start_position for s in step.seqs],
-                                           self.clock())
+                                           self.clock(), prefixed)
+        for i in new:
+            s = step.seqs[i]
+            self._prefix_start(s.req_id, int(slots[i]), step.prompts[s.req_id], step.block_size, s.start_position)
         counts = torch.tensor([s.num_tokens for s in step.seqs])
         starts = torch.tensor([s.start for s in step.seqs])
         first_pos = torch.tensor([s.start_position for s in step.seqs])
@@ -344,6 +434,8 @@ class DrafterEngine:
         out, fed = self._pass(ids, self.head.combine(hidden.to(self.device, self.dtype)), batch, self._mm_inputs(step))
         last = starts + counts - 1
         self.cache.wrote(slots, positions[last])
+        if self.seq_tokens:
+            self._prefix_store_rows(step, slots)
         last_d = last.to(self.device)
         chain = _Chain([s.req_id for s in step.seqs], slots, positions[last],
                        [self.head.draft_logits(out[last_d])], [fed[last_d]])
@@ -517,8 +609,9 @@ class DrafterEngine:
         if step.hidden_dtype == "bfloat16":
             h = h.view(torch.bfloat16)
         p = self.propose_tensors(step, h, precompute)
+        hit, miss = self.take_prefix_counts()
         return DraftResult(
             step.step_id, DraftStatus.OK, p.drafts.to(torch.int32).cpu().numpy(), ms_since(start, self.device),
             active_sequences=self.num_active_sequences, cold_sequences=p.cold, branch_lookups=p.branch_lookups,
-            hit_rows=list(p.hit_rows), full_rows=list(p.full_rows),
+            hit_rows=list(p.hit_rows), full_rows=list(p.full_rows), prefix_hit_tokens=hit, prefix_miss_tokens=miss,
         )

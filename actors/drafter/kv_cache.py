@@ -15,6 +15,11 @@ write ahead but do not count). A step that starts further right (``start_positio
 rows never reached this drafter, e.g. its call failed) would read entries that are missing or drafts': the
 sequence is then treated like a re-homed one (``known_from`` moves to the step's first position; counted cold).
 
+A sequence whose first step starts at P > 0 because vLLM found its prefix in its own prefix cache gets positions
+[0, m * B) copied in from the drafter's prefix cache (``actors.drafter.prefix_cache``; m blocks found of size B).
+If m * B < P, positions ``[gap_lo, gap_hi) = [m * B, P)`` hold nothing and attention masks them too; a step that
+rewrites them (a restart) shrinks the gap. With m = 0 it is treated like a re-homed sequence (``known_from = P``).
+
 Slots are also reclaimed from sequences nobody steps or frees any more (a verifier that died, a free that was
 lost): ``evict_idle`` frees those not used for a while, oldest first (``last_used``, in use order), so leaked
 slots do not inflate the load that routers and autoscalers read (``num_active``).
@@ -73,6 +78,8 @@ class DraftKVCache:
         self.free_slots = list(range(num_slots - 1, -1, -1))
         self.known_from = torch.zeros(num_slots, dtype=torch.long)  # [num_slots] on the CPU: read per step
         self.next_pos = torch.zeros(num_slots, dtype=torch.long)  # [num_slots] after the last real row (CPU)
+        self.gap_lo = torch.zeros(num_slots, dtype=torch.long)  # [num_slots] masked positions [gap_lo, gap_hi) (CPU)
+        self.gap_hi = torch.zeros(num_slots, dtype=torch.long)  # [num_slots]; gap_hi <= gap_lo: no gap
         self.last_used: OrderedDict[str, float] = OrderedDict()  # req_id -> when last stepped, oldest first
 
     @property
@@ -93,12 +100,16 @@ class DraftKVCache:
                 lst[i] = torch.cat([t, torch.zeros(new - old, *self.shape_tail, dtype=self.dtype, device=self.device)])
         self.known_from = torch.cat([self.known_from, self.known_from.new_zeros(new - old)])
         self.next_pos = torch.cat([self.next_pos, self.next_pos.new_zeros(new - old)])
+        self.gap_lo = torch.cat([self.gap_lo, self.gap_lo.new_zeros(new - old)])
+        self.gap_hi = torch.cat([self.gap_hi, self.gap_hi.new_zeros(new - old)])
         self.free_slots = list(range(new - 1, old - 1, -1)) + self.free_slots
 
     def slots_for(
-        self, req_ids: list[str], start_positions: list[int], now: float = 0.0
+        self, req_ids: list[str], start_positions: list[int], now: float = 0.0,
+        prefixed: set[str] | frozenset[str] = frozenset(),
     ) -> tuple[torch.Tensor, int]:  # ([B] slot indices (CPU), allocating new sequences; how many arrived mid-stream)
-        """``now``: the time of this use (``last_used``; ``evict_idle`` compares it)."""
+        """``now``: the time of this use (``last_used``; ``evict_idle`` compares it). ``prefixed``: new sequences
+        whose start past 0 is a prefix-cache hit (their prompt came with the step), not counted cold."""
         out, cold = [], 0
         for rid, pos in zip(req_ids, start_positions, strict=True):
             slot = self.slot_of.get(rid)
@@ -108,16 +119,33 @@ class DraftKVCache:
                 slot = self.free_slots.pop()
                 self.slot_of[rid] = slot
                 self.known_from[slot] = self.next_pos[slot] = pos
-                cold += pos > 0
+                self.gap_lo[slot] = self.gap_hi[slot] = 0
+                cold += pos > 0 and rid not in prefixed
             elif pos < self.known_from[slot]:  # restarted (preempted): everything from pos is rewritten
                 self.known_from[slot] = pos
+                self.gap_hi[slot] = min(int(self.gap_hi[slot]), pos)
             elif pos > self.next_pos[slot]:  # rows it never got: draft from what follows, as a re-homed one
                 self.known_from[slot] = pos
+                self.gap_lo[slot] = self.gap_hi[slot] = 0
                 cold += 1
+            else:  # continues, or restarts inside what it has: a gap past pos is rewritten from here
+                self.gap_hi[slot] = min(int(self.gap_hi[slot]), pos)
             self.last_used[rid] = now
             self.last_used.move_to_end(rid)
             out.append(slot)
         return torch.tensor(out, dtype=torch.long), cold
+
+    def restore_prefix(self, slot: int, known: int, start_position: int) -> None:
+        """A new sequence starting at ``start_position`` whose positions [0, ``known``) were copied in from the
+        prefix cache: it attends to them, and positions [known, start_position) are masked (a gap, if any)."""
+        if known <= 0:
+            return
+        self.known_from[slot] = 0
+        self.gap_lo[slot], self.gap_hi[slot] = (known, start_position) if known < start_position else (0, 0)
+
+    def full_context(self, slot: int) -> bool:
+        """Whether a slot's entries from position 0 are all real rows (no masked start, no gap)."""
+        return int(self.known_from[slot]) == 0 and int(self.gap_hi[slot]) <= int(self.gap_lo[slot])
 
     def wrote(
         self,

@@ -30,6 +30,13 @@ no draft tokens for it, so vLLM schedules and verifies none (``actors.verifier.p
 it would verify and reject. With no usable drafter at all (``usable()`` false) the proposer does not call
 ``propose``: every sequence is undrafted and the verifier runs at target-only speed.
 
+Prefix-aware homing: a new sequence whose first step carries its prompt (``DraftStep.prompts``, prefix caching)
+goes to the drafter this client last sent the longest prefix of that prompt to, block for block by the drafters' own
+block hashes (``actors.drafter.prefix_cache``), unless that drafter holds more than ``prefix_max_load`` sequences
+(the pool's target per replica): then, as every other new sequence, to the least-loaded one. So two drafters keep
+each system prompt's blocks once, not twice. The client's index of who holds what is a bounded guess (a drafter may
+have evicted blocks since, which it counts as prefix misses); dropped drafters are never chosen from it.
+
 Where drafters come from is the subclass's business (``_find``), and it happens in the background only: a
 one-thread executor runs ``_find`` (which may block: a Serve call, a hung replica) every ``discover_period_s``,
 and each step only picks up what it found (``_discover``, never blocking). ``ActorDraftClient`` has one named
@@ -43,7 +50,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from collections import Counter, defaultdict, deque
+from collections import Counter, OrderedDict, defaultdict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field, replace
@@ -52,12 +59,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from actors.drafter.prefix_cache import block_hashes
 from actors.messages import BranchEntry, BranchTable, DraftResult, DraftStatus, DraftStep, SeqRole
 from actors.verifier.drafter_health import Quarantine, StepDeadline
 
 logger = logging.getLogger(__name__)
 DRAFT_TIMEOUT_S = 10.0  # a draft call slower than this drafts nothing (its drafter is dropped), unless configured
 DISCOVER_PERIOD_S = 1.0  # background discovery asks for drafters this often (at once again after finding a new one)
+PREFIX_INDEX_BLOCKS = 65536  # block hashes the client remembers a home for (the latest)
 START_WAIT_S = 2.0  # the client's constructor waits this long for its first discovery (engine start, not a step)
 
 
@@ -160,7 +169,8 @@ class DraftClient:
     (``_find``, in the background)."""
 
     def __init__(self, timeout_s: float = DRAFT_TIMEOUT_S, new_group_size: int = 4, wait_for_misses: float = 0.5,
-                 vocab_size: int | None = None, discover_period_s: float = DISCOVER_PERIOD_S) -> None:
+                 vocab_size: int | None = None, discover_period_s: float = DISCOVER_PERIOD_S,
+                 prefix_max_load: float = 16) -> None:
         """``vocab_size``: the target's; drafts outside it make their drafter a failed one.
 
         ``wait_for_misses``: wait for drafts made on demand when more than this share of a step's sequences
@@ -181,6 +191,10 @@ class DraftClient:
         # kind: "failed" (a drafter dropped), "rehomed", "readmitted" (a dropped drafter healthy again),
         # "attached" (a drafter found by discovery)
         self.discover_period_s = discover_period_s
+        self.prefix_max_load = prefix_max_load  # prefix-aware homing: not onto a drafter holding more than this
+        self.prefix_index: OrderedDict[bytes, str] = OrderedDict()  # block hash -> drafter last sent it, oldest first
+        self.prefix_tokens = {"hit": 0, "miss": 0}  # as the drafters reported them (DraftResult.prefix_*_tokens)
+        self.prefix_homed = 0  # new sequences homed by their prompt's prefix
         self._finder: ThreadPoolExecutor | None = None  # created at the first discovery
         self._finding: Future | None = None  # the background discovery in flight
         self._next_discovery = 0.0  # time.monotonic() of the next one
@@ -297,10 +311,49 @@ class DraftClient:
         except Exception as e:  # the actor handle is unusable: the drafter is gone, and its slots with it
             logger.info("freeing %d sequences on dropped drafter %s failed (%s)", len(req_ids), link.drafter_id, e)
 
-    def _place(self, req_ids: list[str]) -> None:
-        """Give sequences without a home one: the least-loaded drafter, ``new_group_size`` at a time."""
+    def _prefix_home(self, hashes: list[bytes]) -> DrafterLink | None:
+        """The usable drafter last sent the longest prefix of these block hashes, if not loaded past
+        ``prefix_max_load``."""
+        best = None
+        for h in hashes:
+            link = self.links.get(self.prefix_index.get(h, ""))
+            if link is None or (best is not None and link is not best):
+                break
+            best = link
+        if best is None or best.load + best.placed >= self.prefix_max_load:
+            return None
+        return best
+
+    def _remember_prefix(self, hashes: list[bytes], drafter_id: str) -> None:
+        for h in hashes:
+            self.prefix_index[h] = drafter_id
+            self.prefix_index.move_to_end(h)
+        while len(self.prefix_index) > PREFIX_INDEX_BLOCKS:
+            self.prefix_index.popitem(last=False)
+
+    def _place(self, req_ids: list[str], step: DraftStep | None = None) -> None:
+        """Give sequences without a home one: by prefix (see the module docstring) when ``step`` carries their
+        prompt, else the least-loaded drafter, ``new_group_size`` at a time."""
         if not req_ids or not self.links:
             return
+        prompts = step.prompts if step is not None and step.block_size > 0 else {}
+        unmatched: list[tuple[str, list[bytes]]] = []
+        if prompts:
+            rest = []
+            for rid in req_ids:
+                prompt = prompts.get(rid)
+                hashes = block_hashes(prompt, step.block_size) if prompt is not None else []
+                link = self._prefix_home(hashes) if hashes else None
+                if link is None:
+                    rest.append(rid)
+                    unmatched.append((rid, hashes))
+                    continue
+                link.placed += 1
+                self.home[rid] = link.drafter_id
+                self.lost.pop(rid, None)
+                self.prefix_homed += 1
+                self._remember_prefix(hashes, link.drafter_id)
+            req_ids = rest
         for i in range(0, len(req_ids), self.new_group_size):
             link = min(self.links.values(), key=lambda lk: lk.load + lk.placed)
             group = req_ids[i : i + self.new_group_size]
@@ -312,25 +365,41 @@ class DraftClient:
             if moved:
                 self.rehomed += moved
                 self.events.append((time.time(), "rehomed", moved))
+        for rid, hashes in unmatched:  # their blocks will be on the drafter they went to
+            if hashes and rid in self.home:
+                self._remember_prefix(hashes, self.home[rid])
 
     def _table(self, link: DrafterLink, deadline: float) -> dict[str, BranchEntry]:
         """The branch table the drafter drafted for this step (waits if it is still drafting it)."""
         import ray
 
-        if link.unchecked is not None:  # the last step's answer, not waited for: it ran before branches()
-            ready, _ = ray.wait([link.unchecked], timeout=0)
-            if ready:
-                result = DraftResult.unpack(ray.get(link.unchecked))
-                link.unchecked = None
-                if result.status is not DraftStatus.OK:
-                    raise RuntimeError(result.error or "drafter failed")
+        self._read_unchecked(link)
         if link.branches_ref is None:
             return {}
         ref, link.branches_ref = link.branches_ref, None
         table = BranchTable.unpack(ray.get(ref, timeout=max(0.0, deadline - time.perf_counter())))
         check_table(table, self.vocab_size)
         link.report(table.active_sequences)
+        self._read_unchecked(link)  # answered before branches() was: ready now (its prefix counts)
         return table.entries
+
+    def _read_unchecked(self, link: DrafterLink) -> None:
+        """The last step's answer that nobody waited for, if it is there (a failure raises)."""
+        import ray
+
+        if link.unchecked is None:  # the last step's answer, not waited for: it ran before branches()
+            return
+        ready, _ = ray.wait([link.unchecked], timeout=0)
+        if ready:
+            result = DraftResult.unpack(ray.get(link.unchecked))
+            link.unchecked = None
+            if result.status is not DraftStatus.OK:
+                raise RuntimeError(result.error or "drafter failed")
+            self._count_prefix(result)
+
+    def _count_prefix(self, result: DraftResult) -> None:
+        self.prefix_tokens["hit"] += result.prefix_hit_tokens
+        self.prefix_tokens["miss"] += result.prefix_miss_tokens
 
     # --- one step ------------------------------------------------------------------------------------
     def _finish(self, req_ids: list[str]) -> None:
@@ -362,7 +431,7 @@ class DraftClient:
         self._finish(step.finished)
         req_ids = [s.req_id for s in step.seqs]
         self.usable()
-        self._place([rid for rid in req_ids if rid not in self.home])
+        self._place([rid for rid in req_ids if rid not in self.home], step)
         array, dtype = hidden_to_numpy(hidden)
         k = step.num_speculative_tokens
         reply = DraftReply(DraftStatus.OK, np.zeros((len(req_ids), k), np.int32))
@@ -453,6 +522,7 @@ class DraftClient:
                 wait_ms += (time.perf_counter() - t) * 1e3
             reply.draft_token_ids[idx] = r.draft_token_ids
             reply.undrafted.update({idx[j]: Undrafted.FULL for j in r.full_rows})
+            self._count_prefix(r)
             link.report(r.active_sequences)
             compute_ms = max(compute_ms, r.compute_ms)
         if errors:
@@ -466,7 +536,8 @@ class DraftClient:
     def stats(self) -> dict[str, Any]:
         return {"rehomed": self.rehomed, "homes": dict(Counter(self.home.values())), "events": list(self.events),
                 "drafters": len(self.links), "quarantined": len(self.quarantine.held),
-                "deadline_s": self.deadline.seconds()}
+                "deadline_s": self.deadline.seconds(), "prefix_hit_tokens": self.prefix_tokens["hit"],
+                "prefix_miss_tokens": self.prefix_tokens["miss"], "prefix_homed": self.prefix_homed}
 
 
 class ActorDraftClient(DraftClient):

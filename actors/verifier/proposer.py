@@ -45,6 +45,7 @@ from actors.messages import DraftStatus, DraftStep, SeqRole, SeqSlice
 from actors.metrics import ProposerStats, SpecDecodeStats, WaitHistogram
 from actors.timing import ms_since
 from actors.verifier.client import DraftClient, Undrafted, check_drafts, hidden_to_numpy
+from actors.verifier.prefix import PromptAnnouncer
 
 logger = logging.getLogger(__name__)
 MAX_PER_REQUEST = 4096
@@ -140,6 +141,8 @@ class RemoteEagleProposer(EagleProposer):
         self.state = ProposerState()
         self._finished: set[str] = set()  # finished by the scheduler, not yet sent to the drafters
         self.draft_lengths: dict[str, int] = {}  # req_id -> draft tokens proposed this step, where fewer than k
+        # Prefix caching: a sequence's first step carries its prompt (block size set in initialize_attn_backend).
+        self.prompts = PromptAnnouncer(0, bool(vllm_config.cache_config.enable_prefix_caching))
 
     # --- images ------------------------------------------------------------------------------------
     # vLLM's runner gathers the image embeddings for the drafter (``_gather_mm_embeddings``, every step) when the
@@ -155,6 +158,7 @@ class RemoteEagleProposer(EagleProposer):
         self._mm_capable = bool(value)
 
     _mm_capable = False  # class defaults: for proposers built without __init__ (tests)
+    prompts = PromptAnnouncer(0, False)
     ship_mm_embeds = True
     mm_steps = 0
     mm_rows_shipped = 0
@@ -218,6 +222,7 @@ class RemoteEagleProposer(EagleProposer):
         self.kv_cache_gid = 0
         self.draft_attn_groups = []
         self.block_size = kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+        self.prompts.block_size = self.block_size  # prefix caching: the drafters hash blocks of this size
 
     def validate_same_kv_cache_group(self, kv_cache_config) -> None:
         return None
@@ -282,6 +287,7 @@ class RemoteEagleProposer(EagleProposer):
         input_ids = shifted[rows_dev].cpu().numpy().astype(np.int32)
         hidden = target_hidden_states[rows_dev]
         step = DraftStep(self.state.steps, k, seqs, input_ids, finished)
+        self.prompts.attach(step, getattr(self.runner, "requests", {}))  # prefix caching: first steps carry prompts
         # Padded layout (rows are the step's scheduled tokens), the one this project runs; vLLM gathers the image
         # embeddings over the scheduled tokens too.
         self.mm_steps += mm_embed_inputs is not None
@@ -386,6 +392,7 @@ class RemoteEagleProposer(EagleProposer):
         that is merely absent from a step's batch was not scheduled, and will be back."""
         if self.is_driver and self.client is not None:
             self._finished.update(req_ids)
+            self.prompts.finished(req_ids)
 
     def free_now(self, req_ids: list[str]) -> None:
         """Free finished sequences' draft state at once (the engine is going idle: no step will carry them), with
@@ -395,6 +402,7 @@ class RemoteEagleProposer(EagleProposer):
         req_ids, self._finished = sorted(self._finished | set(req_ids)), set()
         if not req_ids:
             return
+        self.prompts.finished(req_ids)
         for rid in req_ids:
             self.state.pending.pop(rid, None)
         try:

@@ -56,13 +56,25 @@ def test_kv_cache_gib_caps_the_slots(toy_heads):
     head = load_head(heads["eagle1"], target_dir)
     spec = head.spec
     slot = DraftKVCache.bytes_per_slot(spec.num_layers, spec.num_kv_heads, spec.head_dim, 65, torch.float32)
-    engine = DrafterEngine(head, max_model_len=64, kv_cache_gib=3.5 * slot / 2**30)
-    assert engine.cache.max_slots == 3
+    engine = DrafterEngine(head, max_model_len=64, kv_cache_gib=3.5 * slot / 2**30, prefix_cache_fraction=0.0)
+    assert engine.cache.max_slots == 3 and engine.prefix_cache_bytes == 0
     step, hidden = random_step(0, 2, [(f"s{i}", 0, 3) for i in range(5)], spec.fused_hidden_size)
     assert engine.propose_tensors(step, hidden).full_rows == [3, 4]
     assert sum(t.numel() * t.element_size() for t in (*engine.cache.k, *engine.cache.v)) <= 3.5 * slot
     with pytest.raises(ValueError, match="holds no sequence"):
         DrafterEngine(load_head(heads["eagle1"], target_dir), max_model_len=64, kv_cache_gib=0.5 * slot / 2**30)
+
+
+def test_prefix_cache_takes_its_share_of_kv_cache_gib(toy_heads):
+    """The prefix cache's blocks and the slots share ``kv_cache_gib``: ``prefix_cache_fraction`` of it for blocks."""
+    target_dir, heads = toy_heads
+    head = load_head(heads["eagle1"], target_dir)
+    spec = head.spec
+    slot = DraftKVCache.bytes_per_slot(spec.num_layers, spec.num_kv_heads, spec.head_dim, 65, torch.float32)
+    engine = DrafterEngine(head, max_model_len=64, kv_cache_gib=5 * slot / 2**30, prefix_cache_fraction=0.2)
+    assert engine.cache.max_slots == 4 and engine.prefix_cache_bytes == slot
+    with pytest.raises(ValueError, match="prefix_cache_fraction"):
+        DrafterEngine(load_head(heads["eagle1"], target_dir), prefix_cache_fraction=1.0)
 
 
 def test_actor_reports_full_rows(toy_heads):
