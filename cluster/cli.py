@@ -13,7 +13,8 @@ value differs from vLLM's default is mapped onto the two applications' ``args`` 
     --speculative-config JSON                 speculative_config (required: its model is the pool's head)
     --host, --port                            Serve's http_options (default host: 127.0.0.1, not all interfaces)
     --api-key KEY                             ingress.api_key
-    --no-enable-prefix-caching                nothing: the cluster runs without prefix caching anyway
+    --no-enable-prefix-caching                verifier.engine_kwargs.enable_prefix_caching: false (on by default, as
+                                              in vLLM; the drafters keep a prefix cache of their own)
     any other engine flag (--dtype, --max-num-batched-tokens, --trust-remote-code, --gpu-memory-utilization, ...)
                                               verifier.engine_kwargs, passed to vLLM's engine as the flag would be
 
@@ -74,8 +75,6 @@ REFUSED = {  # dest -> why the cluster cannot honour the flag
     "async_scheduling": "the remote drafter needs it off (actors/verifier/options.py)",
     "data_parallel_size": "use --verifier-num-replicas (Serve replicas, each its own engine)",
     "data_parallel_size_local": "use --verifier-num-replicas",
-    "enable_prefix_caching": "the drafter pool's draft KV cache has no prefix cache: the cluster runs with prefix "
-                             "caching off",
     "headless": "Serve places the engines; there is no headless mode",
     "api_server_count": "Serve's HTTP proxy fronts the cluster; there are no API-server processes to count",
     "grpc": "the cluster's gRPC is Serve's gRPC proxy (deploy/eagle_cluster.proto): set grpc_options in a "
@@ -83,7 +82,7 @@ REFUSED = {  # dest -> why the cluster cannot honour the flag
     "grpc_port": "the cluster's gRPC is Serve's gRPC proxy: set grpc_options in a --write-config YAML",
     "uds": "Serve's HTTP proxy listens on --host/--port",
 }
-DROPPED = {"enable_prefix_caching": False}  # flags whose value is what the cluster does anyway
+DROPPED = {"enable_prefix_caching": True}  # flags whose value is what the cluster does anyway
 
 # The cluster's own flags: (section, config model, flag prefix, fields left out, extra names for a field).
 POOL_EXCLUDE = {"target", "head", "max_model_len"}  # from MODEL, --speculative-config, --max-model-len

@@ -53,7 +53,7 @@ def test_vllm_flags_map_onto_the_config(parser):
     main, _ = both(doc)
     assert main.verifier.max_num_seqs == 8 and main.verifier.name == "tiny"
     assert main.verifier.engine_kwargs == {"max_num_batched_tokens": 4096, "dtype": "float32",
-                                           "trust_remote_code": True, "seed": 7}
+                                           "trust_remote_code": True, "seed": 7, "enable_prefix_caching": False}
     assert main.ingress.api_key == "sekret"
     assert doc["http_options"] == {"host": "0.0.0.0", "port": 8100}
 
@@ -75,7 +75,6 @@ def test_pool_flags_named_like_the_pool_args(parser):
 @pytest.mark.parametrize(("extra", "named"), [
     (["-pp", "2"], "--pipeline-parallel-size"),
     (["--async-scheduling"], "--async-scheduling"),
-    (["--enable-prefix-caching"], "--enable-prefix-caching"),
     (["--data-parallel-size", "2"], "--data-parallel-size"),
     (["--chat-template", "x.jinja"], "--chat-template"),
     (["--ssl-keyfile", "k.pem"], "--ssl-keyfile"),
