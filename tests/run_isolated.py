@@ -10,6 +10,7 @@ Prints one closing line, ``total: N passed, N failed, N skipped``, and exits non
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import tempfile
@@ -17,21 +18,19 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ISOLATED = [
-    "tests/actors/test_remote_verifier.py",
-    "tests/actors/test_vllm_checkpoints.py",
-    "tests/cluster/test_serve_app.py",
-    "tests/cluster/test_ingress_serve.py",
-    "tests/cluster/drafter_pool/test_pool_serve.py",
-    "tests/cluster/test_multinode.py",
-    "tests/cluster/test_serve_deploy.py",
-    "tests/cluster/test_serve_multimodal.py",
-    "tests/actors/test_remote_multimodal.py",
-    "tests/cluster/test_cli_serve.py",
-    "tests/actors/test_no_drafter_engine.py",
-    "tests/cluster/test_drafter_outage_serve.py",
-    "tests/actors/test_prefix_caching.py",
-]
+ISOLATED_MARK = "isolated"  # pyproject.toml's marker: a module that starts vLLM engines or a Ray cluster
+
+
+def isolated_modules() -> list[str]:
+    """The test modules whose module-level ``pytestmark`` includes ``pytest.mark.isolated``, by path."""
+    out = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if (isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytestmark" for t in node.targets)
+                    and f"mark.{ISOLATED_MARK}" in ast.unparse(node.value)):
+                out.append(str(path.relative_to(ROOT)))
+    return out
 
 
 def run(args: list[str], extra: list[str], xml: Path) -> int:
@@ -51,7 +50,8 @@ def counts(xml: Path) -> tuple[int, int, int]:
 
 def main() -> int:
     extra = sys.argv[1:]
-    groups = [[f"--ignore={m}" for m in ISOLATED] + ["tests"]] + [[m] for m in ISOLATED if (ROOT / m).exists()]
+    isolated = isolated_modules()
+    groups = [[f"--ignore={m}" for m in isolated] + ["tests"]] + [[m] for m in isolated]
     passed = failed = skipped = 0
     worst = 0
     with tempfile.TemporaryDirectory() as tmp:

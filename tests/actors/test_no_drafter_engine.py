@@ -16,7 +16,7 @@ from actors.verifier.engine import make_verifier_llm
 from tests.actors import vllm_helpers as vh
 from tests.conftest import EAGLE1, TARGET
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.isolated]
 NS = "test-no-drafter-engine"
 K = 3
 NAME = "drafter-later"

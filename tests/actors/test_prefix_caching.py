@@ -18,7 +18,7 @@ from actors.verifier.engine import make_verifier_llm
 from tests.actors import vllm_helpers as vh
 from tests.conftest import EAGLE3, TARGET
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.isolated]
 NS = "test-prefix-caching"
 K = 3
 SPEC = {"method": "eagle3", "model": str(EAGLE3), "num_speculative_tokens": K}

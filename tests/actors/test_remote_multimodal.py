@@ -16,7 +16,7 @@ import pytest
 from cluster import image_runs as mm
 from tests.actors import vllm_helpers as vh
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.isolated]
 NS = "test-remote-multimodal"
 K = 3
 MAX_TOKENS = 32

@@ -24,7 +24,7 @@ from actors.verifier.engine import make_verifier_llm
 from tests.actors import vllm_helpers as vh
 from tests.conftest import EAGLE1, EAGLE3, TARGET
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.isolated]
 NS = "test-remote-verifier"
 K = 3
 

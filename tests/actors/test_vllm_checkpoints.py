@@ -18,6 +18,8 @@ from actors.eagle.spec import DraftMethod
 from tests.actors import vllm_helpers as vh
 from tests.conftest import EAGLE1, EAGLE1_3L, EAGLE3, MODELS, TARGET
 
+pytestmark = pytest.mark.isolated  # its tests start vLLM engines (some are slow)
+
 HEADS = {EAGLE1: ("eagle", 2.0), EAGLE1_3L: ("eagle", 2.0), EAGLE3: ("eagle3", 2.0)}
 
 

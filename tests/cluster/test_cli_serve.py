@@ -15,7 +15,7 @@ from cluster import dashboard
 from cluster.harness import HTTP, get, load_prompts, serve_run, start, stop, wait_healthy
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.isolated]
 
 SPEC = '{"method": "eagle3", "model": "models/eagle3-llama4-tiny", "num_speculative_tokens": 3}'
 COMMAND = [sys.executable, "-m", "cluster.cli", "serve", "models/llama4-tiny", "--speculative-config", SPEC,

@@ -36,7 +36,7 @@ from cluster.harness import (
 )
 from tests.cluster.traffic import check_exact, send
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.isolated]
 MAX_TOKENS = 48
 NUM_PROMPTS = 16
 CONCURRENCY = 16

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.isolated]
 HTTP, GRPC = "http://127.0.0.1:18000", "127.0.0.1:19000"
 KEY = "s3cret"
 

@@ -12,7 +12,7 @@ from cluster.harness import drafter_stats, replica_actors
 from tests.cluster.traffic import check_exact, send
 from tests.conftest import EAGLE1, TARGET
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.isolated]
 MAX_TOKENS = 32
 
 

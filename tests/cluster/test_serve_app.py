@@ -15,7 +15,7 @@ from cluster.harness import get as _get
 from cluster.harness import post as _post
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.isolated]
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from cluster.config import APP_NAME, DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT
 from cluster.harness import HTTP, MODEL, get
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.isolated]
 MAX_TOKENS = 48
 NUM_STREAMS = 16
 BIN = Path(sys.executable).parent

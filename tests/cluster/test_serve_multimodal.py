@@ -18,7 +18,7 @@ from cluster.image_runs import image_prompts
 from cluster.images import data_url
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.isolated]
 MM_YAML = ROOT / "deploy" / "cpu-mm.yaml"
 MODEL = "llama4-tiny-mm"
 MAX_TOKENS = 24

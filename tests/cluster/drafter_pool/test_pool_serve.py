@@ -21,7 +21,7 @@ from actors.metrics import ProposerStats, from_prometheus_text
 from cluster.harness import HTTP, MODEL, cpu_yaml, drafter_stats, get, replica_actors, serve_run
 from tests.cluster.traffic import check_exact, send
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.isolated]
 MAX_TOKENS = 64
 NUM_PROMPTS = 32
 POOL = {
