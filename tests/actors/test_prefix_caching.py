@@ -30,13 +30,17 @@ class NamedActorsClient(DraftClient):
     def __init__(self, names: list[str], namespace: str, **kw) -> None:
         super().__init__(**kw)
         self.names, self.namespace = names, namespace
+        self.start(30.0)  # every named drafter before the first step (they are up: the test started them)
 
-    def _discover(self, blocking: bool) -> None:
+    def _find(self) -> list[tuple[str, object, dict]]:
+        """The named actors not yet in use (the background discovery thread)."""
+        found = []
         for name in self.names:
-            if name in self.links:
+            if self._known(name):
                 continue
             actor = ray.get_actor(name, namespace=self.namespace)
-            self._add_link(name, actor, ray.get(actor.info.remote()) | {"drafter_id": name})
+            found.append((name, actor, ray.get(actor.info.remote()) | {"drafter_id": name}))
+        return found
 
 
 @pytest.fixture(scope="module")
