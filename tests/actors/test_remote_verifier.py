@@ -116,7 +116,8 @@ def test_greedy_exact_with_async_drafting(ray_cluster, head, method, prompts, gr
         == (driver.steps, driver.failures, driver.branch_lookups, driver.branch_hits)
     assert counters.acceptance_by_source == driver.acceptance_by_source
     assert counters.per_request == {} and counters.per_request_branch_hits == {}
-    assert counters.client == {"rehomed": 0, "drafters": 1, "quarantined": 0}
+    assert counters.client == {"rehomed": 0, "drafters": 1, "quarantined": 0, "prefix_hit_tokens": 0,
+                               "prefix_miss_tokens": 0}  # distinct prompts: no prefix to share
     assert stats.mean_acceptance_length > 1.5, stats.table()
 
 
