@@ -30,6 +30,7 @@ ISOLATED = [
     "tests/cluster/test_cli_serve.py",
     "tests/actors/test_no_drafter_engine.py",
     "tests/cluster/test_drafter_outage_serve.py",
+    "tests/actors/test_draft_length_engine.py",
 ]
 
 

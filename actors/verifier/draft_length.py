@@ -207,13 +207,10 @@ class AutoDraftLength:
 
     def observe_acceptance(self, num_drafts: int, accepted: int) -> None:
         """One verified draft run: ``num_drafts`` proposed, the first ``accepted`` of them accepted."""
-        d = self.acceptance_decay
-        for i in range(self.max_k):
-            self.proposed[i] *= d
-            self.accepted[i] *= d
-        for i in range(min(num_drafts, self.max_k)):
-            self.proposed[i] += 1.0
-            self.accepted[i] += 1.0 if i < accepted else 0.0
+        d = self.acceptance_decay  # a position's counts decay only as it is observed again: k values not in use
+        for i in range(min(num_drafts, self.max_k)):  # keep their last estimate
+            self.proposed[i] = self.proposed[i] * d + 1.0
+            self.accepted[i] = self.accepted[i] * d + (1.0 if i < accepted else 0.0)
 
     def goodput(self, batch_size: int, k: int) -> float | None:
         """Estimated output tokens per second of a step at this batch size drafting k (None: not measured)."""
