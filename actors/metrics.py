@@ -96,6 +96,10 @@ class ProposerStats:
     # sequences proposed no draft tokens (vLLM verified none for them), by reason: no_drafter, failed, context, full
     undrafted: dict[str, int] = field(default_factory=dict)
     steps_without_drafts: int = 0  # steps verified target-only: no sequence drafted, no drafter could draft them
+    # steps per chosen draft length k = 0..K (``actors.verifier.draft_length``), and the policy's estimated output
+    # tokens per second at the last step (0: no estimate, e.g. a fixed k)
+    speculative_tokens: list[int] = field(default_factory=list)
+    estimated_goodput: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -153,7 +157,24 @@ class ProposerStats:
         name = "eagle_cluster_step_wait_seconds"
         lines += [f"# HELP {name} how long each draft step waited for the drafters (0: answered from branch tables)",
                   f"# TYPE {name} histogram", *self.step_waits.prometheus(name)]
+        lines += self._speculative_tokens_lines()
         return "\n".join(lines) + "\n"
+
+    def _speculative_tokens_lines(self) -> list[str]:
+        """``eagle_cluster_speculative_tokens``: the draft length chosen per step, a histogram with one bucket per
+        k (``le="0"`` .. ``le="K"``, ``+Inf``); ``eagle_cluster_estimated_goodput_tokens_per_second``."""
+        name = "eagle_cluster_speculative_tokens"
+        lines = [f"# HELP {name} draft tokens per sequence chosen for each step (0: a target-only step)",
+                 f"# TYPE {name} histogram"]
+        total = 0
+        for k, n in enumerate(self.speculative_tokens):
+            total += n
+            lines.append(f'{name}_bucket{{le="{k}"}} {total}')
+        lines += [f'{name}_bucket{{le="+Inf"}} {total}',
+                  f"{name}_sum {sum(k * n for k, n in enumerate(self.speculative_tokens))}", f"{name}_count {total}"]
+        g = "eagle_cluster_estimated_goodput_tokens_per_second"
+        return lines + [f"# HELP {g} the draft-length policy's estimate of output tokens per second at the last step "
+                        "(0: none, a fixed k)", f"# TYPE {g} gauge", f"{g} {self.estimated_goodput}"]
 
 
 def from_vllm_metrics(metrics) -> SpecDecodeStats:

@@ -11,6 +11,11 @@ the drafter's. ``--pinning none`` binds nothing. ``*-haproxy`` modes serve with 
 (``RAY_SERVE_ENABLE_HA_PROXY=1``) instead of its Python HTTP proxy. vLLM's OpenMP threads:
 ``VLLM_CPU_OMP_THREADS_BIND=0`` and ``OMP_NUM_THREADS=1`` in every mode when strict.
 
+The draft length (issue 23): cluster modes run the shipped default (``num_speculative_tokens_per_batch_size:
+auto``); ``*-sched`` runs the fixed schedule ``SCHEDULE`` through the same key, ``*-k3`` removes the key (k = 3
+at every step). Each cluster row also reports the chosen k per step (``eagle_cluster_speculative_tokens`` from
+``/metrics``, steps per k over the run).
+
 For each mode and concurrency: the seed-style report (``benchmarks.serving``), then CPU milliseconds per output
 token by process group (``benchmarks.cpu_split``), then the ratios to vLLM colocated and target-only. The first
 request after ready and the median of the next ten (each 32 greedy tokens) are measured once per mode.
@@ -32,10 +37,13 @@ from benchmarks import cpu_split
 from benchmarks.serving import run
 from benchmarks.serving_compare import cluster_server, vllm_server
 from cluster.config import PROJECT_ROOT as ROOT
-from cluster.harness import load_prompts, post, start, stop, wait_healthy
+from cluster.harness import HEADS, HTTP, cpu_yaml, load_prompts, post, serve_command, start, stop, wait_healthy
 
 MODES = ["target-only", "colocated-eagle", "colocated-eagle3", "cluster-eagle3", "cluster-eagle3-async",
-         "cluster-eagle", "cluster-eagle-async", "cluster-eagle3-haproxy", "cluster-eagle3-async-haproxy"]
+         "cluster-eagle", "cluster-eagle-async", "cluster-eagle3-haproxy", "cluster-eagle3-async-haproxy",
+         "cluster-eagle3-sched", "cluster-eagle3-k3"]
+DRAFT_LENGTH_KEY = "num_speculative_tokens_per_batch_size"
+SCHEDULE = [[1, 2, 3], [3, 8, 1], [9, 1024, 0]]  # the fixed schedule of ``*-sched`` modes
 DEFAULT_MODES = ["target-only", "colocated-eagle3", "cluster-eagle3", "cluster-eagle3-async"]
 STRICT = {"engine core": {0}, "worker": {0}, "serving path": {0}, "drafter": {1}}
 
@@ -50,6 +58,17 @@ def first_requests(base: str) -> tuple[float, float]:
         assert status == 200, body
         times.append(time.perf_counter() - t)
     return times[0], statistics.median(times[1:])
+
+
+def chosen_k(base: str) -> list[int]:
+    """Steps per chosen k so far (``eagle_cluster_speculative_tokens``' cumulative buckets on ``/metrics``)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    cum = [int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+           if line.startswith("eagle_cluster_speculative_tokens_bucket") and '"+Inf"' not in line]
+    return [b - a for a, b in zip([0, *cum], cum, strict=False)]
 
 
 def main() -> None:
@@ -79,7 +98,13 @@ def main() -> None:
                     drafter["cpu_affinity"] = [1]
                 if "haproxy" in variants:  # Serve's HAProxy ingress instead of its Python proxy (README)
                     mode_env["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
-                cmd, base = cluster_server(method, Path(tmp), drafter, name="-".join(variants) or "sync")
+                if "sched" in variants or "k3" in variants:
+                    spec = {"method": method, "model": str(HEADS[method]),
+                            DRAFT_LENGTH_KEY: SCHEDULE if "sched" in variants else None}
+                    cmd, base = serve_command(cpu_yaml(Path(tmp) / f"{mode}.yaml", drafter=drafter,
+                                                       speculative_config=spec)), HTTP
+                else:
+                    cmd, base = cluster_server(method, Path(tmp), drafter, name="-".join(variants) or "sync")
             else:
                 cmd, base = vllm_server(None if kind == "target" else method)
             proc = start(cmd, env=mode_env, log=Path(tmp) / f"{mode}.log")
@@ -94,6 +119,7 @@ def main() -> None:
                 print(f"{mode}: first request {first * 1000:.0f} ms, next ten median {rest * 1000:.0f} ms; "
                       f"pinned processes {results[mode]['pinned']}", flush=True)
                 for c in args.concurrency:
+                    ks_before = chosen_k(base) if kind == "cluster" else []
                     procs = cpu_split.server_processes(proc.pid)
                     before = cpu_split.snapshot(procs)
                     report = asyncio.run(run(base, prompts, args.max_tokens, c, None, f"{mode} c={c}", quiet=True))
@@ -102,7 +128,11 @@ def main() -> None:
                     per_tok = {g: 1000 * s / max(report.output_tokens, 1) for g, s in cpu.items()}
                     print("CPU ms per output token: " + ", ".join(f"{g} {v:.2f}" for g, v in per_tok.items()),
                           flush=True)
-                    results[mode]["by_c"][str(c)] = {**asdict(report), "cpu_ms_per_token": per_tok}
+                    ks = [b - a for a, b in zip(ks_before, chosen_k(base) if kind == "cluster" else [], strict=False)]
+                    if ks:
+                        print(f"steps per chosen k (0..K): {ks}", flush=True)
+                    results[mode]["by_c"][str(c)] = {**asdict(report), "cpu_ms_per_token": per_tok,
+                                                     "steps_per_k": ks}
             finally:
                 stop(proc)
     (out / f"results-{args.pinning}.json").write_text(json.dumps(results, indent=2))
@@ -116,7 +146,7 @@ def summary(results: dict, pinning: str) -> None:
 
     print(f"\npinning: {pinning}")
     print("mode | c | output tok/s | TTFT p50 ms | TPOT p50 ms | MAL | x colocated-eagle3 | x target-only | "
-          "serving path CPU ms/token")
+          "serving path CPU ms/token | steps per k")
     for mode, res in results.items():
         for c, r in res["by_c"].items():
             spec = r["spec"]
@@ -124,7 +154,8 @@ def summary(results: dict, pinning: str) -> None:
             colo = f"{tps(mode, c) / tps('colocated-eagle3', c):.2f}" if "colocated-eagle3" in results else ""
             base = f"{tps(mode, c) / tps('target-only', c):.2f}" if "target-only" in results else ""
             print(f"{mode} | {c} | {tps(mode, c):.1f} | {r['ttft_ms']['median']:.0f} | {r['tpot_ms']['median']:.2f} | "
-                  f"{mal:.2f} | {colo} | {base} | {r['cpu_ms_per_token']['serving path']:.2f}")
+                  f"{mal:.2f} | {colo} | {base} | {r['cpu_ms_per_token']['serving path']:.2f} | "
+                  f"{r.get('steps_per_k', '')}")
     print("\nmode | first request ms | median of the next ten ms | ratio")
     for mode, res in results.items():
         f, n = res["first_request_s"], res["next_ten_median_s"]

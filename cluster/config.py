@@ -152,11 +152,26 @@ class SpeculativeConfig(BaseModel):
     num_speculative_tokens: int = Field(ge=1, le=MAX_SPECULATIVE_TOKENS)
     draft_tensor_parallel_size: int | None = Field(None, ge=1)
     max_model_len: int | None = Field(None, ge=16)
+    # vLLM's schedule ([start, end, k] inclusive batch-size ranges), or "auto" (this project's: k per step from
+    # what the verifier measures; ``actors.verifier.draft_length``). Absent: k = num_speculative_tokens always.
+    num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | Literal["auto"] | None = None
 
     @field_validator("model")
     @classmethod
     def _resolve(cls, v: str) -> str:
         return resolve_model_path(v)
+
+    @field_validator("num_speculative_tokens_per_batch_size", mode="before")
+    @classmethod
+    def _schedule(cls, v: Any) -> Any:
+        """As vLLM validates it (its own function), or ``"auto"``."""
+        if v is None or v == "auto":
+            return v
+        if isinstance(v, str):
+            raise ValueError(f"{v!r}: a list of [start, end, k] batch-size ranges, or 'auto'")
+        from actors.verifier.draft_length import validate_schedule
+
+        return [list(e) for e in validate_schedule(v)]
 
     @model_validator(mode="after")
     def _known_keys(self) -> SpeculativeConfig:

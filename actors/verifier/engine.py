@@ -13,6 +13,7 @@ from actors.verifier.options import refuse_unsupported
 from actors.verifier.worker import CONFIG_KEY
 
 WORKER_CLS = "actors.verifier.worker.RemoteDraftWorker"
+DRAFT_LENGTH_KEY = "num_speculative_tokens_per_batch_size"
 
 
 def verifier_kwargs(
@@ -35,6 +36,9 @@ def verifier_kwargs(
 
     additional = dict(engine.pop("additional_config", None) or {})
     ours = dict(additional.get(CONFIG_KEY) or {})  # e.g. {"mm_embeds": False}: draft from image placeholder ids
+    speculative_config, draft_length = _split_draft_length(speculative_config)
+    if draft_length is not None and draft_client is not None:
+        ours["draft_length"] = draft_length
     if draft_client is None:
         additional[CONFIG_KEY] = {**ours, "remote_drafter": False}
     else:
@@ -47,6 +51,20 @@ def verifier_kwargs(
     kwargs = engine_kwargs(target, speculative_config=speculative_config, **engine)
     kwargs.update(worker_cls=WORKER_CLS, additional_config=additional, async_scheduling=False)
     return kwargs
+
+
+def _split_draft_length(spec: dict[str, Any] | None) -> tuple[dict[str, Any] | None, Any]:
+    """(vLLM's speculative config without ``num_speculative_tokens_per_batch_size``, that key's value).
+
+    The key is vLLM's, but vLLM's V1 model runner (the one this project hooks) only hands its drafter the
+    scheduler's k per step (``SchedulerOutput.num_spec_tokens_to_schedule``), and its type cannot hold
+    ``"auto"``; so the remote proposer applies it (``actors.verifier.draft_length``) from
+    ``additional_config["eagle_cluster"]["draft_length"]``, and vLLM runs with a fixed K. The baselines
+    (vLLM's own drafter or none) drop it: they run at K."""
+    if not spec or DRAFT_LENGTH_KEY not in spec:
+        return spec, None
+    spec = dict(spec)
+    return spec, spec.pop(DRAFT_LENGTH_KEY)
 
 
 def make_verifier_llm(

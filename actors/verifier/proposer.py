@@ -45,6 +45,7 @@ from actors.messages import DraftStatus, DraftStep, SeqRole, SeqSlice
 from actors.metrics import ProposerStats, SpecDecodeStats, WaitHistogram
 from actors.timing import ms_since
 from actors.verifier.client import DraftClient, Undrafted, check_drafts, hidden_to_numpy
+from actors.verifier.draft_length import DraftLength, FixedDraftLength, bucket, build_draft_length
 from actors.verifier.prefix import PromptAnnouncer
 
 logger = logging.getLogger(__name__)
@@ -91,6 +92,10 @@ class ProposerState:
     # whose sequences got drafts because no drafter could draft them (verified target-only).
     undrafted: dict[str, int] = field(default_factory=dict)
     steps_without_drafts: int = 0
+    # The draft length chosen per step (``actors.verifier.draft_length``): steps per k, [K + 1]; and the policy's
+    # estimated output tokens per second for the last step (0 when it has no estimate).
+    speculative_tokens: list[int] = field(default_factory=list)
+    estimated_goodput: float = 0.0
 
     def stats(self, client: dict | None = None, counters_only: bool = False) -> ProposerStats:
         """``counters_only``: without the per-request tables (what ``/metrics`` reads)."""
@@ -99,7 +104,9 @@ class ProposerState:
         return ProposerStats(self.steps, self.failures, per_request, self.branch_lookups, self.branch_hits, hits,
                              dict(self.by_source), dict(client or {}),
                              step_waits=replace(self.waits, counts=list(self.waits.counts)),
-                             undrafted=dict(self.undrafted), steps_without_drafts=self.steps_without_drafts)
+                             undrafted=dict(self.undrafted), steps_without_drafts=self.steps_without_drafts,
+                             speculative_tokens=list(self.speculative_tokens),
+                             estimated_goodput=self.estimated_goodput)
 
 
 def step_rows(
@@ -143,6 +150,13 @@ class RemoteEagleProposer(EagleProposer):
         self.draft_lengths: dict[str, int] = {}  # req_id -> draft tokens proposed this step, where fewer than k
         # Prefix caching: a sequence's first step carries its prompt (block size set in initialize_attn_backend).
         self.prompts = PromptAnnouncer(0, bool(vllm_config.cache_config.enable_prefix_caching))
+        # --- issue 23: the draft length per step (``actors.verifier.draft_length``) ---
+        spec_k = vllm_config.speculative_config.num_speculative_tokens
+        cfg = (vllm_config.additional_config or {}).get("eagle_cluster", {})
+        self.draft_length: DraftLength = build_draft_length(cfg.get("draft_length"), spec_k,
+                                                            vllm_config.scheduler_config.max_num_seqs)
+        self.state.speculative_tokens = [0] * (spec_k + 1)
+        self._last_step: tuple[float, int, int] | None = None  # (propose's start, batch size, k) of a clean step
 
     # --- images ------------------------------------------------------------------------------------
     # vLLM's runner gathers the image embeddings for the drafter (``_gather_mm_embeddings``, every step) when the
@@ -157,6 +171,8 @@ class RemoteEagleProposer(EagleProposer):
     def supports_mm_inputs(self, value: bool) -> None:  # set by vLLM's constructor: the target takes images
         self._mm_capable = bool(value)
 
+    draft_length: DraftLength = FixedDraftLength(0)  # class defaults (issue 23): k = K, as before
+    _last_step: tuple[float, int, int] | None = None
     _mm_capable = False  # class defaults: for proposers built without __init__ (tests)
     prompts = PromptAnnouncer(0, False)
     ship_mm_embeds = True
@@ -272,6 +288,13 @@ class RemoteEagleProposer(EagleProposer):
         finished, self._finished = sorted(self._finished), set()
         seqs, in_prefill = self._prompt_roles(seqs)
         self._account(seqs, finished, k, in_prefill)
+        k_step = self._choose_draft_length(start, batch_size, k, seqs, in_prefill)
+        if k_step == 0:  # a target-only step: nothing shipped, drafted or verified
+            if finished:
+                self.client.free(finished)
+            for s in seqs:
+                self.limit_drafts(s.req_id, 0)
+            return placeholder
         if not self.client.usable():
             # No drafter can draft (none found yet, all dropped, the pool gone): nothing is shipped or waited
             # for, no sequence gets draft tokens, and vLLM verifies none: the step runs at target-only speed.
@@ -314,6 +337,9 @@ class RemoteEagleProposer(EagleProposer):
             self._undraft(seqs, dict.fromkeys(range(len(seqs)), Undrafted.FAILED))
             return placeholder
         self._undraft(seqs, result.undrafted)
+        if k_step < k:
+            for s in seqs:
+                self.limit_drafts(s.req_id, k_step)
         self.state.timings.append(
             StepTiming(batch_size, int(rows.numel()), ms_since(start, self.device), timing.ship_ms,
                        timing.wait_ms, timing.compute_ms, timing.all_hits)
@@ -335,6 +361,31 @@ class RemoteEagleProposer(EagleProposer):
         return seqs, in_prefill
 
     # --- draft lengths: how many of its k drafts each sequence gets this step ------------------------------------
+    def _choose_draft_length(self, start: float, batch_size: int, k: int, seqs: list[SeqSlice],
+                             in_prefill: list[bool]) -> int:
+        """This step's k (0..k) from the policy (``self.draft_length``), after handing it the last step's period
+        (from its ``propose`` to this one: that step's drafting and the forward that verified its drafts), when
+        both steps were decode-only, in one batch-size bucket, with no idle gap (``note_idle``)."""
+        policy = self.draft_length
+        if type(policy) is FixedDraftLength:
+            k_step = k
+        else:
+            clean = not any(in_prefill) and all(s.role is SeqRole.DRAFT for s in seqs)
+            last, self._last_step = self._last_step, None
+            if last is not None and clean and bucket(last[1]) == bucket(batch_size):
+                policy.observe_period(last[1], last[2], (start - last[0]) * 1e3)
+            k_step = max(0, min(k, policy.choose(batch_size)))
+            if clean:
+                self._last_step = (start, batch_size, k_step)
+            self.state.estimated_goodput = policy.goodput(batch_size, k_step) or 0.0
+        if k_step < len(self.state.speculative_tokens):
+            self.state.speculative_tokens[k_step] += 1
+        return k_step
+
+    def note_idle(self) -> None:
+        """The engine went idle: the next step's period would include the gap, so it is not measured."""
+        self._last_step = None
+
     def _undraft(self, seqs: list[SeqSlice], rows: dict[int, str]) -> None:
         """These sequences (index -> ``Undrafted`` reason) get no draft tokens this step: vLLM schedules and
         verifies none for them (``trim_drafts``), and no acceptance is counted for them. A step none of whose
@@ -428,6 +479,7 @@ class RemoteEagleProposer(EagleProposer):
                     if len(st.per_request) > MAX_PER_REQUEST:  # a server's lifetime of requests: keep the latest
                         oldest, _ = st.per_request.popitem(last=False)
                         st.per_request_hits.pop(oldest, None)
+                self.draft_length.observe_acceptance(n_drafts, accepted)  # issue 23: acceptance by position
                 by_source = st.by_source.setdefault(source, SpecDecodeStats(accepted_per_pos=[0] * n_drafts))
                 for agg in (stats, by_source):
                     agg.num_drafts += 1

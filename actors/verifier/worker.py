@@ -98,6 +98,7 @@ class RemoteDraftWorker(_PlatformWorker):
                 # The engine's last step before going idle carries the requests that just finished: free their
                 # draft state now, since no propose() follows to carry them.
                 drafter.free_now(sorted(scheduler_output.finished_req_ids))
+                drafter.note_idle()  # the draft-length policy does not time a step across an idle gap
             else:  # freed with the next propose(); requests merely not scheduled keep theirs
                 drafter.scheduler_finished(scheduler_output.finished_req_ids)
         now = time.perf_counter()

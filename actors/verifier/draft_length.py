@@ -1,0 +1,232 @@
+"""How many draft tokens each verification step gets: the rule the proposer asks once per step.
+
+Terms: *k* is the number of draft tokens proposed (and so scheduled and verified) for each sequence of a step,
+0..K with K = ``num_speculative_tokens``; k = 0 is a target-only step (nothing shipped to the drafters, nothing
+verified). *B* is the step's batch size (sequences scheduled).
+
+Three policies, named by ``speculative_config.num_speculative_tokens_per_batch_size`` (which the verifier's engine
+arguments move to ``additional_config["eagle_cluster"]["draft_length"]``, see ``actors.verifier.engine``):
+
+- absent: ``FixedDraftLength``, k = K always (vLLM's behaviour).
+- a list of ``[start, end, k]`` (vLLM's format: inclusive batch-size ranges, sorted, non-overlapping, the first
+  starting at 1, k >= 0; gaps and the tail carry the previous k; k is clamped to K): ``ScheduledDraftLength``,
+  k = schedule(B). Validated and expanded by vLLM's own functions (``vllm.v1.spec_decode.dynamic.utils``).
+- ``"auto"``: ``AutoDraftLength``, k chosen to maximise the expected output tokens per second, from what the
+  verifier measures itself:
+
+  * acceptance by draft position: ``p[i]``, the share of recent draft runs whose draft ``i`` (0-based) was
+    accepted, among runs that proposed at least ``i + 1`` drafts (exponentially decayed counts, global). A
+    sequence drafting k tokens then yields ``E(k) = 1 + p[0] + ... + p[k-1]`` tokens per step (the bonus or
+    recovered token plus the accepted drafts).
+  * step cost: per batch-size bucket (1, 2, 3-4, 5-8, 9-16, ...; ``bucket``) and per k, an exponential moving
+    average of the step period divided by B (``ms_per_seq``), measured from one ``propose`` call to the next:
+    that interval holds the drafting of step t (with k_t) and the target forward that verifies its k_t drafts,
+    so it depends on k_t alone. Steps with prompt rows, idle gaps and bucket changes are not sampled.
+  * goodput(k) = B * E(k) / (B * ms_per_seq(k)) per millisecond; the chosen k is the argmax.
+
+  Stability: a bucket keeps its current k unless another k's estimated goodput beats it by more than
+  ``hysteresis`` (5%), on top of the smoothing of the averages, so noise between two close k values does not
+  make it switch step to step. Exploration is deterministic: a k with fewer than ``min_samples`` period samples
+  in a bucket is tried for ``hold`` consecutive steps (K first, down to 0), and every ``explore_every`` steps a
+  bucket tries its current k's neighbours (alternately one up, one down) for ``hold`` steps, so estimates for
+  the k values not in use stay fresh when the load changes.
+
+Worked example (also a test, ``tests/actors/test_draft_length.py``): K = 3, acceptance p = [0.8, 0.6, 0.4], so
+E = [1, 1.8, 2.4, 2.8] for k = 0..3. At a batch of 1 the step costs [10, 11, 12, 13] ms per sequence: goodput
+[0.100, 0.164, 0.200, 0.215] tokens/ms, k = 3. At a batch of 32 it costs [1.0, 2.0, 2.9, 3.8] ms per sequence:
+goodput [1.00, 0.90, 0.83, 0.74], k = 0. At a batch of 8 with [3.0, 4.0, 5.0, 6.0]: [0.333, 0.450, 0.480,
+0.467]: k = 2; if the bucket was at k = 3 it stays there (0.480 is not 5% above 0.467).
+
+>>> best_k([10.0, 11.0, 12.0, 13.0], expected_tokens([0.8, 0.6, 0.4], 3), current=3)
+3
+>>> best_k([1.0, 2.0, 2.9, 3.8], expected_tokens([0.8, 0.6, 0.4], 3), current=3)
+0
+>>> best_k([3.0, 4.0, 5.0, 6.0], expected_tokens([0.8, 0.6, 0.4], 3), current=2)
+2
+>>> best_k([3.0, 4.0, 5.0, 6.0], expected_tokens([0.8, 0.6, 0.4], 3), current=3)
+3
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+AUTO = "auto"
+FIELD = "num_speculative_tokens_per_batch_size"
+PRIOR_ACCEPTANCE = 0.5  # p[i] before any draft at position i was verified
+
+
+def validate_schedule(value: object) -> list[tuple[int, int, int]]:
+    """vLLM's validation and normalisation of ``num_speculative_tokens_per_batch_size`` (sorted ``(start, end,
+    k)``); raises ``ValueError`` with vLLM's message."""
+    from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+
+    return validate_and_normalize_dynamic_sd_schedule(value)
+
+
+def expected_tokens(acceptance: list[float], max_k: int) -> list[float]:
+    """``E(k)`` for k = 0..max_k: 1 + the acceptance rates of positions 0..k-1 (``acceptance[i]``: the share of
+    draft runs whose draft i was accepted, among those that proposed it)."""
+    out = [1.0]
+    for i in range(max_k):
+        out.append(out[-1] + (acceptance[i] if i < len(acceptance) else 0.0))
+    return out
+
+
+def best_k(ms_per_seq: list[float | None], expected: list[float], current: int, hysteresis: float = 0.05) -> int:
+    """The k of the highest ``expected[k] / ms_per_seq[k]`` (tokens per ms per sequence), or ``current`` unless that
+    one beats it by more than ``hysteresis``. ``None`` costs (never measured) are not chosen."""
+    gp = [e / c if c else -1.0 for e, c in zip(expected, ms_per_seq, strict=True)]
+    best = max(range(len(gp)), key=lambda k: gp[k])
+    if 0 <= current < len(gp) and gp[current] > 0 and gp[best] <= gp[current] * (1 + hysteresis):
+        return current
+    return best
+
+
+def bucket(batch_size: int) -> int:
+    """Batch-size bucket: 0 for 1, 1 for 2, 2 for 3-4, 3 for 5-8, ... (``ceil(log2 B)``)."""
+    return max(0, math.ceil(math.log2(max(batch_size, 1))))
+
+
+class DraftLength(Protocol):
+    max_k: int
+
+    def choose(self, batch_size: int) -> int: ...
+    def observe_period(self, batch_size: int, k: int, ms: float) -> None: ...
+    def observe_acceptance(self, num_drafts: int, accepted: int) -> None: ...
+    def goodput(self, batch_size: int, k: int) -> float | None: ...
+
+
+@dataclass
+class FixedDraftLength:
+    """k = K at every step."""
+
+    max_k: int
+
+    def choose(self, batch_size: int) -> int:
+        return self.max_k
+
+    def observe_period(self, batch_size: int, k: int, ms: float) -> None:
+        return None
+
+    def observe_acceptance(self, num_drafts: int, accepted: int) -> None:
+        return None
+
+    def goodput(self, batch_size: int, k: int) -> float | None:
+        return None
+
+
+@dataclass
+class ScheduledDraftLength(FixedDraftLength):
+    """k = schedule(B), vLLM's dense lookup (``build_dynamic_sd_schedule_lookup``); past ``max_num_seqs`` the last."""
+
+    schedule: list[tuple[int, int, int]] = field(default_factory=list)
+    max_num_seqs: int = 256
+    lookup: list[int] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+        self.lookup = build_dynamic_sd_schedule_lookup([list(e) for e in self.schedule], self.max_num_seqs,
+                                                       self.max_k)
+
+    def choose(self, batch_size: int) -> int:
+        return self.lookup[min(max(batch_size, 1), len(self.lookup) - 1)]
+
+
+@dataclass
+class _Bucket:
+    ms_per_seq: list[float | None]  # [K + 1] EMA of the step period / B, per k
+    samples: list[int]  # [K + 1]
+    current: int
+    steps: int = 0
+    probe_k: int = 0
+    probe_left: int = 0
+    probe_up: bool = True  # the next periodic probe goes one k up (else down)
+
+
+@dataclass
+class AutoDraftLength:
+    """k per step maximising the estimated output tokens per second (module docstring)."""
+
+    max_k: int
+    hysteresis: float = 0.05
+    smoothing: float = 0.2  # EMA weight of a new period sample
+    acceptance_decay: float = 0.995  # per verified draft run
+    min_samples: int = 3
+    hold: int = 2
+    explore_every: int = 128
+    buckets: dict[int, _Bucket] = field(default_factory=dict)
+    proposed: list[float] = field(default_factory=list)  # [K] decayed draft runs that proposed position i
+    accepted: list[float] = field(default_factory=list)  # [K] ... and accepted it
+
+    def __post_init__(self) -> None:
+        self.proposed = [0.0] * self.max_k
+        self.accepted = [0.0] * self.max_k
+
+    def acceptance(self) -> list[float]:
+        return [a / p if p >= 1.0 else PRIOR_ACCEPTANCE for a, p in zip(self.accepted, self.proposed, strict=True)]
+
+    def _bucket(self, batch_size: int) -> _Bucket:
+        b = bucket(batch_size)
+        if b not in self.buckets:
+            self.buckets[b] = _Bucket([None] * (self.max_k + 1), [0] * (self.max_k + 1), self.max_k)
+        return self.buckets[b]
+
+    def choose(self, batch_size: int) -> int:
+        s = self._bucket(batch_size)
+        s.steps += 1
+        if s.probe_left > 0:
+            s.probe_left -= 1
+            return s.probe_k
+        unseen = [k for k in range(self.max_k, -1, -1) if s.samples[k] < self.min_samples]
+        if unseen:
+            return self._probe(s, unseen[0])
+        s.current = best_k(s.ms_per_seq, expected_tokens(self.acceptance(), self.max_k), s.current, self.hysteresis)
+        if s.steps % self.explore_every == 0:
+            up, down = s.current + 1, s.current - 1
+            nxt = up if (s.probe_up and up <= self.max_k) or down < 0 else down
+            s.probe_up = not s.probe_up
+            if 0 <= nxt <= self.max_k:
+                return self._probe(s, nxt)
+        return s.current
+
+    def _probe(self, s: _Bucket, k: int) -> int:
+        s.probe_k, s.probe_left = k, self.hold - 1
+        return k
+
+    def observe_period(self, batch_size: int, k: int, ms: float) -> None:
+        """One step's period (``ms``, from its ``propose`` to the next) at this batch size, drafting k."""
+        s = self._bucket(batch_size)
+        v = ms / max(batch_size, 1)
+        old = s.ms_per_seq[k]
+        s.ms_per_seq[k] = v if old is None else old + self.smoothing * (v - old)
+        s.samples[k] += 1
+
+    def observe_acceptance(self, num_drafts: int, accepted: int) -> None:
+        """One verified draft run: ``num_drafts`` proposed, the first ``accepted`` of them accepted."""
+        d = self.acceptance_decay  # a position's counts decay only as it is observed again: k values not in use
+        for i in range(min(num_drafts, self.max_k)):  # keep their last estimate
+            self.proposed[i] = self.proposed[i] * d + 1.0
+            self.accepted[i] = self.accepted[i] * d + (1.0 if i < accepted else 0.0)
+
+    def goodput(self, batch_size: int, k: int) -> float | None:
+        """Estimated output tokens per second of a step at this batch size drafting k (None: not measured)."""
+        c = self._bucket(batch_size).ms_per_seq[k]
+        if not c:
+            return None
+        return 1000.0 * expected_tokens(self.acceptance(), self.max_k)[k] / c
+
+
+def build_draft_length(spec: Any, max_k: int, max_num_seqs: int) -> DraftLength:
+    """The policy for ``additional_config["eagle_cluster"]["draft_length"]``: None (k = K), ``"auto"``, a schedule
+    list, or a dict ``{"auto": {AutoDraftLength's settings}}``."""
+    if spec is None:
+        return FixedDraftLength(max_k)
+    if spec == AUTO:
+        return AutoDraftLength(max_k)
+    if isinstance(spec, dict) and AUTO in spec:
+        return AutoDraftLength(max_k, **(spec[AUTO] or {}))
+    return ScheduledDraftLength(max_k, schedule=validate_schedule(list(spec)), max_num_seqs=max_num_seqs)

@@ -1,0 +1,115 @@
+"""The draft-length rule (``actors.verifier.draft_length``): its worked example, the schedule as vLLM expands it,
+``auto`` finding the k of the highest goodput at each load and holding it under noise (hysteresis), exploration,
+and how the key travels (engine arguments, ``/metrics``)."""
+
+from __future__ import annotations
+
+import doctest
+import random
+
+import pytest
+
+from actors.metrics import ProposerStats
+from actors.verifier import draft_length as dl
+from actors.verifier.engine import verifier_kwargs
+
+
+def test_worked_example_in_the_docstring():
+    result = doctest.testmod(dl)
+    assert result.attempted == 4 and result.failed == 0
+
+
+def test_schedule_is_vllms_lookup_clamped_and_carried():
+    s = dl.build_draft_length([[1, 2, 3], [4, 8, 5], [17, 32, 0]], max_k=3, max_num_seqs=64)
+    assert isinstance(s, dl.ScheduledDraftLength)
+    # 3 at 1-2; the gap 3 carries 3; 4-8 clamped to K = 3... the gap 9-16 carries the previous entry; 0 from 17 on
+    assert [s.choose(b) for b in (1, 2, 3, 4, 8, 9, 16, 17, 32, 64, 500)] == [3, 3, 3, 3, 3, 3, 3, 0, 0, 0, 0]
+    s = dl.build_draft_length([[1, 1, 2], [2, 64, 1]], max_k=3, max_num_seqs=64)
+    assert [s.choose(b) for b in (1, 2, 64)] == [2, 1, 1]
+    with pytest.raises(ValueError, match="start at 1"):
+        dl.build_draft_length([[2, 4, 1]], 3, 64)
+    assert isinstance(dl.build_draft_length(None, 3, 64), dl.FixedDraftLength)
+    assert dl.build_draft_length(None, 3, 64).choose(100) == 3
+
+
+def simulate(policy: dl.AutoDraftLength, batch: int, cost, steps: int, noise: float = 0.0, seed: int = 0,
+             accept=(0.8, 0.6, 0.4)) -> list[int]:
+    """Drive the policy as the proposer does: choose, verify (acceptance), time the step (``cost(batch, k)`` ms per
+    step, times 1 +- noise)."""
+    rng = random.Random(seed)
+    ks = []
+    for _ in range(steps):
+        k = policy.choose(batch)
+        ks.append(k)
+        for _ in range(batch):
+            a = 0
+            while a < k and rng.random() < accept[a] / (accept[a - 1] if a else 1.0):
+                a += 1
+            policy.observe_acceptance(k, a)
+        policy.observe_period(batch, k, cost(batch, k) * (1 + rng.uniform(-noise, noise)))
+    return ks
+
+
+def cost(batch: int, k: int) -> float:
+    """A step: 2 ms fixed, drafting (k > 0) 2 ms + 0.3 ms per sequence, 0.5 ms per token verified."""
+    return 2.0 + (2.0 + 0.3 * batch if k else 0.0) + 0.5 * batch * (1 + k)
+
+
+def test_auto_picks_the_best_k_at_each_load():
+    p = dl.AutoDraftLength(3)
+    low = simulate(p, 1, cost, 200)
+    high = simulate(p, 32, cost, 200)
+    # batch 1: goodput per k [1/2.5, 1.8/5.3, 2.4/5.8, 2.8/6.3]: k = 3; batch 32: [32/18, 57.6/45.6, ...]: k = 0
+    assert low[-50:].count(3) >= 48 and high[-50:].count(0) >= 48
+    assert p.goodput(1, 3) and p.goodput(32, 0) and p.goodput(32, 0) > p.goodput(32, 3)
+    assert abs(p.acceptance()[0] - 0.8) < 0.08 and abs(p.acceptance()[2] - 0.4) < 0.1
+
+
+def test_auto_is_stable_under_noise():
+    """Two k within a few percent of each other, 10% timing noise: the choice does not flip step to step."""
+    def close(batch: int, k: int) -> float:  # E(k)/cost equal within ~2% for k = 2 and 3 at batch 8
+        return {0: 30.0, 1: 40.0, 2: 50.0, 3: 57.4}[k]
+
+    p = dl.AutoDraftLength(3)
+    ks = simulate(p, 8, close, 1000, noise=0.1, seed=3)
+    settled = [k for i, k in enumerate(ks[100:]) if (i + 101) % p.explore_every not in range(p.hold)]
+    switches = sum(a != b for a, b in zip(settled, settled[1:], strict=False))
+    assert switches <= 4, switches
+    no_hysteresis = dl.AutoDraftLength(3, hysteresis=0.0, smoothing=1.0)
+    ks = simulate(no_hysteresis, 8, close, 1000, noise=0.1, seed=3)
+    assert sum(a != b for a, b in zip(ks[100:], ks[101:], strict=False)) > 2 * switches  # what hysteresis buys
+
+
+def test_auto_explores_then_follows_a_changed_cost():
+    p = dl.AutoDraftLength(3, explore_every=16)
+    def cheap(batch: int, k: int) -> float:  # drafting is cheap: k = 3
+        return 5.0 + 0.5 * k
+
+    first = simulate(p, 1, cheap, 16)
+    assert first[:2] == [3, 3] and set(first) == {0, 1, 2, 3}  # each k measured min_samples times, K first
+    simulate(p, 1, cheap, 100)
+    assert p.buckets[dl.bucket(1)].current == 3
+    ks = simulate(p, 1, lambda b, k: 9.0 + 40.0 * k, 300)  # drafting became expensive: k = 0 wins
+    assert ks[-20:].count(0) >= 16  # all but the periodic probes (2 steps in 16)
+
+
+def test_engine_arguments_move_the_key_to_the_clusters_config():
+    spec = {"method": "eagle", "model": "/m", "num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size":
+            "auto"}
+    kw = verifier_kwargs("/t", spec, {"actor": "a"})
+    assert "num_speculative_tokens_per_batch_size" not in kw["speculative_config"]
+    assert kw["additional_config"]["eagle_cluster"]["draft_length"] == "auto"
+    assert spec["num_speculative_tokens_per_batch_size"] == "auto"  # the caller's dict is left alone
+    base = verifier_kwargs("/t", spec, None)  # baselines run at K
+    assert "draft_length" not in base["additional_config"]["eagle_cluster"]
+    assert "num_speculative_tokens_per_batch_size" not in base["speculative_config"]
+
+
+def test_histogram_on_metrics():
+    text = ProposerStats(speculative_tokens=[5, 0, 2, 7], estimated_goodput=123.5).prometheus()
+    assert 'eagle_cluster_speculative_tokens_bucket{le="0"} 5' in text
+    assert 'eagle_cluster_speculative_tokens_bucket{le="2"} 7' in text
+    assert 'eagle_cluster_speculative_tokens_bucket{le="+Inf"} 14' in text
+    assert "eagle_cluster_speculative_tokens_sum 25" in text and "eagle_cluster_speculative_tokens_count 14" in text
+    assert "eagle_cluster_estimated_goodput_tokens_per_second 123.5" in text
+    assert ProposerStats.from_dict(ProposerStats(speculative_tokens=[1, 2]).to_dict()).speculative_tokens == [1, 2]

