@@ -11,9 +11,9 @@ the drafter's. ``--pinning none`` binds nothing. ``*-haproxy`` modes serve with 
 (``RAY_SERVE_ENABLE_HA_PROXY=1``) instead of its Python HTTP proxy. vLLM's OpenMP threads:
 ``VLLM_CPU_OMP_THREADS_BIND=0`` and ``OMP_NUM_THREADS=1`` in every mode when strict.
 
-The draft length (issue 23): cluster modes run the shipped default (``num_speculative_tokens_per_batch_size:
-auto``); ``*-sched`` runs the fixed schedule ``SCHEDULE`` through the same key, ``*-k3`` removes the key (k = 3
-at every step). Each cluster row also reports the chosen k per step (``eagle_cluster_speculative_tokens`` from
+The draft length (issue 23): cluster modes run the shipped default (k = 3 at every step); ``*-auto`` sets
+``num_speculative_tokens_per_batch_size: auto``, ``*-sched`` the fixed schedule ``SCHEDULE`` through the same key,
+``*-k3`` removes the key. Each cluster row also reports the chosen k per step (``eagle_cluster_speculative_tokens`` from
 ``/metrics``, steps per k over the run).
 
 For each mode and concurrency: the seed-style report (``benchmarks.serving``), then CPU milliseconds per output
@@ -41,7 +41,7 @@ from cluster.harness import HEADS, HTTP, cpu_yaml, load_prompts, post, serve_com
 
 MODES = ["target-only", "colocated-eagle", "colocated-eagle3", "cluster-eagle3", "cluster-eagle3-async",
          "cluster-eagle", "cluster-eagle-async", "cluster-eagle3-haproxy", "cluster-eagle3-async-haproxy",
-         "cluster-eagle3-sched", "cluster-eagle3-k3"]
+         "cluster-eagle3-sched", "cluster-eagle3-k3", "cluster-eagle3-auto", "cluster-eagle3-auto-haproxy"]
 DRAFT_LENGTH_KEY = "num_speculative_tokens_per_batch_size"
 SCHEDULE = [[1, 2, 3], [3, 8, 1], [9, 1024, 0]]  # the fixed schedule of ``*-sched`` modes
 DEFAULT_MODES = ["target-only", "colocated-eagle3", "cluster-eagle3", "cluster-eagle3-async"]
@@ -98,9 +98,9 @@ def main() -> None:
                     drafter["cpu_affinity"] = [1]
                 if "haproxy" in variants:  # Serve's HAProxy ingress instead of its Python proxy (README)
                     mode_env["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
-                if "sched" in variants or "k3" in variants:
-                    spec = {"method": method, "model": str(HEADS[method]),
-                            DRAFT_LENGTH_KEY: SCHEDULE if "sched" in variants else None}
+                if {"sched", "k3", "auto"} & set(variants):
+                    length = SCHEDULE if "sched" in variants else "auto" if "auto" in variants else None
+                    spec = {"method": method, "model": str(HEADS[method]), DRAFT_LENGTH_KEY: length}
                     cmd, base = serve_command(cpu_yaml(Path(tmp) / f"{mode}.yaml", drafter=drafter,
                                                        speculative_config=spec)), HTTP
                 else:
