@@ -51,3 +51,14 @@ def test_frozen_immutable_and_picklable():
     assert pickle.loads(pickle.dumps(settings)) == settings  # as Ray sends it to an actor's constructor
     assert dataclasses.replace(settings, dtype="auto").dtype == "auto"
 
+
+def test_engine_and_actor_refuse_anything_else(toy_heads):
+    from actors.drafter.actor import DrafterActor
+    from actors.drafter.engine import DrafterEngine
+    from actors.eagle.checkpoint import load_head
+
+    target_dir, heads = toy_heads
+    with pytest.raises(TypeError, match="DrafterEngineConfig"):
+        DrafterEngine(load_head(heads["eagle1"], target_dir), {"max_model_len": 64})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="DrafterSettings"):
+        DrafterActor(str(heads["eagle1"]), str(target_dir))  # type: ignore[arg-type]
