@@ -78,11 +78,13 @@ def main() -> None:
     import ray
 
     from actors.drafter.actor import start_drafter_actor
+    from actors.drafter.config import DrafterSettings
     prompts = heldout_prompts(args.num_prompts)
     ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
     # Keep the handle: a named actor lives while a handle does.
-    drafter = start_drafter_actor(str(HEADS[args.method]), str(TARGET), name="bench-drafter", namespace=NAMESPACE,
-                                  num_threads=args.drafter_threads)
+    drafter = start_drafter_actor(DrafterSettings(str(HEADS[args.method]), str(TARGET),
+                                                  num_threads=args.drafter_threads),
+                                  name="bench-drafter", namespace=NAMESPACE)
     print(f"head {HEADS[args.method].name}, k={args.k}, {len(prompts)} prompts x {args.max_tokens} tokens, greedy, "
           f"drafter threads {args.drafter_threads}")
     header = ("conc", "mode", "tok/s", "MAL", "fwd ms", "sample ms", "ship ms", "wait ms", "draft ms", "ship+wait")

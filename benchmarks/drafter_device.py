@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from actors.drafter.config import DrafterEngineConfig
 from actors.drafter.engine import DrafterEngine
 from actors.eagle.heads import DraftHead
 from actors.eagle.layers import sdpa_attend
@@ -192,7 +193,8 @@ def measure(method: str, batch: int, context: int, args: argparse.Namespace, dev
     spec = head_spec_from_dict(head_config(method, args.small))
     head = random_head(spec, device, dtype)
     max_len = context + ROWS_PER_DECODE * (args.steps + 2) + K + 1
-    engine = DrafterEngine(head, max_model_len=max_len, max_num_seqs=batch, device=device, dtype=dtype)
+    engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=max_len, max_num_seqs=batch), device=device,
+                           dtype=dtype)
     rows = max(args.prefill_rows, context, batch * ROWS_PER_DECODE)
     hidden = host_hidden(rows, spec.fused_hidden_size, dtype)
     fill(engine, batch, context, hidden, args.prefill_rows)

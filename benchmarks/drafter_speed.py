@@ -58,13 +58,14 @@ def main() -> None:
     import ray
 
     from actors.drafter.actor import start_drafter_actor
+    from actors.drafter.config import DrafterSettings
     prompts = heldout_prompts(args.num_prompts)
     ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
     print(f"{len(prompts)} prompts x {args.max_tokens} tokens, k={K}, greedy; vLLM on core 0, drafter on core 1")
     print("method | batch | vLLM colocated draft ms (median) | drafter engine ms (median) | drafter / vLLM | steps")
     for method in args.heads:
-        actor = start_drafter_actor(str(HEADS[method]), str(TARGET), name=f"drafter-{method}", namespace=NAMESPACE,
-                                    num_threads=1, cpu_affinity=[1])
+        settings = DrafterSettings(str(HEADS[method]), str(TARGET), num_threads=1, cpu_affinity=(1,))
+        actor = start_drafter_actor(settings, name=f"drafter-{method}", namespace=NAMESPACE)
         for c in args.batch:
             local = run(method, False, prompts, c, args.max_tokens)
             remote = run(method, True, prompts, c, args.max_tokens)

@@ -24,7 +24,9 @@ application whose ``args`` changed:
       config, ingress)
     the target or head path                         both applications (both name it)
 
-Both builders validate their ``args`` (errors name the field; model paths come out absolute, ``cluster.config``).
+Both builders validate their ``args`` (errors name the field; model paths come out absolute, ``cluster.config``) and
+bind what validation built: the verifier its ``EagleClusterConfig``, each drafter replica the pool's
+``actors.drafter.config.DrafterSettings`` (``DrafterPoolConfig.for_drafter``), handed whole to its actor and engine.
 """
 
 from __future__ import annotations
@@ -77,10 +79,7 @@ def build_drafter_app(args: dict[str, Any]) -> Application:
         replica_opts["runtime_env"] = {"env_vars": {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": interval}}
     else:
         drafter_opts["num_replicas"] = d.num_replicas or 1
-    drafters = serve.deployment(DrafterServer).options(**drafter_opts).bind(
-        d.head, d.target, d.max_model_len, d.num_threads,
-        d.async_drafting.for_drafter(), actor_opts, d.cpu_affinity, d.for_engine(), d.timeout_s,
-    )
+    drafters = serve.deployment(DrafterServer).options(**drafter_opts).bind(d.for_drafter(), actor_opts, d.timeout_s)
     if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
         return drafters
     # Serve's HAProxy ingress refuses an application ingress with a custom router: a plain front instead.

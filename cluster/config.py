@@ -19,6 +19,9 @@ verifier's engine for any drafter change):
       num_cpus, num_gpus, resources, num_replicas | autoscaling_config, dtype, max_num_seqs, kv_cache_gib,
       idle_slot_ttl_s, timeout_s, async_drafting, ...
 
+      DrafterPoolConfig.for_drafter() turns it into the drafter's frozen settings (actors.drafter.config.
+      DrafterSettings), which cluster.app binds to each drafter replica and the replica hands whole to its actor.
+
 Model paths: a relative path resolves against the current directory (a Serve ``runtime_env`` ``working_dir``
 when the YAML sets one), else against the project's folder (where ``models/`` ships), so a YAML means the same
 wherever ``ray start`` ran; a name found in neither is a Hugging Face id.
@@ -38,7 +41,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator, model_validator
 
-from actors.drafter.engine import DEFAULT_MAX_MODEL_LEN
+from actors.drafter.branches import BranchConfig
+from actors.drafter.config import DEFAULT_MAX_MODEL_LEN, DrafterEngineConfig, DrafterSettings
 from actors.eagle.compat import check_head_fits_target, target_text_config
 from actors.eagle.spec import HeadConfigError, HeadSpec, load_head_spec
 from actors.messages import MAX_SPECULATIVE_TOKENS
@@ -237,8 +241,9 @@ class AsyncDraftingConfig(_Strict):
         32, ge=0, description="branches per step for a replica's whole batch: fewer per sequence as the batch "
         "grows, none past it (drafted on demand); null: no limit")
 
-    def for_drafter(self) -> dict[str, int] | None:
-        return self.model_dump(exclude={"enabled"}) if self.enabled else None
+    def for_drafter(self) -> BranchConfig | None:
+        """The engine's ``branches`` (``DrafterEngineConfig.branches``): None when off."""
+        return BranchConfig(**self.model_dump(exclude={"enabled"})) if self.enabled else None
 
 
 def _head_fits(target: str, head: str, field: str) -> HeadSpec | None:
@@ -278,12 +283,6 @@ class DrafterConfig(_Strict):
         MAX_SPECULATIVE_TOKENS, ge=1, le=MAX_SPECULATIVE_TOKENS,
         description="the most draft tokens a verifier's step may ask for (its num_speculative_tokens); a step "
         "asking for more drafts nothing")
-
-    def for_engine(self) -> dict[str, Any]:
-        """``DrafterActor``'s engine options."""
-        return {"dtype": None if self.dtype == "auto" else self.dtype, "max_num_seqs": self.max_num_seqs,
-                "kv_cache_gib": self.kv_cache_gib, "idle_slot_ttl_s": self.idle_slot_ttl_s,
-                "max_k": self.max_speculative_tokens}
 
     @model_validator(mode="after")
     def _one_scaling(self) -> DrafterConfig:
@@ -348,6 +347,20 @@ class DrafterPoolConfig(DrafterConfig):
     head: str = Field(description="the EAGLE / EAGLE-3 head: the verifier's speculative_config.model")
     max_model_len: int = Field(DEFAULT_MAX_MODEL_LEN, ge=16, description="the longest sequence drafted for: the "
                                "verifier's max_model_len or more (the last positions get no drafts past it)")
+
+    def for_drafter(self) -> DrafterSettings:
+        """The drafter's settings, built once here and bound whole to each replica, which hands them to its actor
+        and engine (``actors.drafter.config``)."""
+        engine = DrafterEngineConfig(
+            max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs, kv_cache_gib=self.kv_cache_gib,
+            idle_slot_ttl_s=self.idle_slot_ttl_s, max_k=self.max_speculative_tokens,
+            branches=self.async_drafting.for_drafter(),
+        )
+        return DrafterSettings(
+            self.head, self.target, engine, num_threads=self.num_threads,
+            cpu_affinity=None if self.cpu_affinity is None else tuple(self.cpu_affinity),
+            dtype=None if self.dtype == "auto" else self.dtype,
+        )
 
     @field_validator("target", "head")
     @classmethod

@@ -74,10 +74,11 @@ def cluster(method: str, prompts, k: int, max_tokens: int, namespace: str, mm_em
     import ray
 
     from actors.drafter.actor import start_drafter_actor
+    from actors.drafter.config import DrafterSettings
     from actors.verifier.engine import make_verifier_llm
 
     name = f"mm-drafter-{method}-{int(mm_embeds)}"
-    actor = start_drafter_actor(str(HEADS[method]), str(TARGET), name=name, namespace=namespace)
+    actor = start_drafter_actor(DrafterSettings(str(HEADS[method]), str(TARGET)), name=name, namespace=namespace)
     spec = {"method": method, "model": str(HEADS[method]), "num_speculative_tokens": k}
     llm = make_verifier_llm(str(TARGET), spec, {"actor": name, "namespace": namespace},
                             **engine_kwargs(additional_config={"eagle_cluster": {"mm_embeds": mm_embeds}}))

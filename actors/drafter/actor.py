@@ -1,4 +1,5 @@
-"""The drafter as a Ray actor: a ``DrafterEngine`` behind msgpack-in, msgpack-out methods.
+"""The drafter as a Ray actor: a ``DrafterEngine`` behind msgpack-in, msgpack-out methods, started with one
+``actors.drafter.config.DrafterSettings``.
 
 It runs one call at a time, in the order each caller sent them (a Ray actor with ``max_concurrency=1``), so a
 verifier can send a step and not wait for it: everything it sends later is handled after it.
@@ -19,19 +20,19 @@ import os
 import time
 import traceback
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from actors.drafter.branches import BranchConfig
-from actors.drafter.engine import DEFAULT_MAX_MODEL_LEN, DrafterEngine
+from actors.drafter.config import DrafterSettings
+from actors.drafter.engine import DrafterEngine
 from actors.drafter.placement import detect_placement
 from actors.eagle.checkpoint import SHARED_TENSOR_NAMES
 from actors.eagle.compat import check_head_fits_target, target_text_config
 from actors.eagle.hub import HEAD_FILES, resolve_model_dir, resolve_target_dir
 from actors.eagle.spec import load_head_spec
 from actors.messages import (
-    MAX_SPECULATIVE_TOKENS,
     BadStep,
     BranchTable,
     DraftResult,
@@ -54,44 +55,39 @@ def req_id_list(value: object) -> list[str]:
 
 
 class DrafterActor:
-    def __init__(self, head_dir: str, target_dir: str | None = None, max_model_len: int = DEFAULT_MAX_MODEL_LEN,
-                 num_threads: int | None = None, drafter_id: str = "",
-                 branches: BranchConfig | dict[str, Any] | None = None,
-                 cpu_affinity: list[int] | None = None, device: str | None = None, dtype: str | None = None,
-                 max_num_seqs: int = 1024, kv_cache_gib: float | None = None,
-                 idle_slot_ttl_s: float | None = 300.0, max_k: int = MAX_SPECULATIVE_TOKENS,
-                 prefix_cache_fraction: float = 0.2) -> None:
-        """``max_k``: the most draft tokens a step may ask for (more: a ``FAILED`` answer).
-        ``cpu_affinity``: bind this process to these cores (a drafter with cores of its own).
-        ``max_num_seqs`` / ``kv_cache_gib``: the most sequences the draft KV cache holds, and its memory cap;
-        sequences past either get no drafts (``DraftResult.full_rows``), never an error. ``idle_slot_ttl_s``: a
-        sequence not stepped for this long loses its slot (``DrafterEngine``; ``None``: never).
-        ``prefix_cache_fraction``: the draft KV memory for the prefix cache's blocks (``DrafterEngine``; 0: none).
-        ``device`` / ``dtype``: forced, or ``None`` to decide from the resources this actor was given and the head
-        (``actors.drafter.placement``): a GPU and the head's dtype when it has a GPU, else the CPU in float32."""
-        if cpu_affinity:
-            os.sched_setaffinity(0, cpu_affinity)
-        if num_threads:
+    def __init__(self, settings: DrafterSettings, drafter_id: str = "") -> None:
+        """``settings``: the drafter's (``actors.drafter.config.DrafterSettings``, checked when it was built);
+        ``drafter_id``: answered with every result, so a pool's client knows who drafted.
+
+        ``settings.cpu_affinity``: bind this process to these cores (a drafter with cores of its own);
+        ``settings.num_threads``: torch's threads in it. ``settings.device`` / ``settings.dtype``: forced, or
+        ``None`` to decide from the resources this actor was given and the head (``actors.drafter.placement``): a
+        GPU and the head's dtype when it has a GPU, else the CPU in float32. ``settings.engine``: the engine's
+        (``DrafterEngine``): among them ``max_k``, the most draft tokens a step may ask for (more: a ``FAILED``
+        answer), and ``max_num_seqs`` / ``kv_cache_gib``, the most sequences the draft KV cache holds and its
+        memory cap (sequences past either get no drafts, ``DraftResult.full_rows``, never an error)."""
+        if not isinstance(settings, DrafterSettings):
+            raise TypeError(f"drafter: settings must be a DrafterSettings, got {type(settings).__name__}")
+        if settings.cpu_affinity:
+            os.sched_setaffinity(0, settings.cpu_affinity)
+        if settings.num_threads:
             import torch
 
-            torch.set_num_threads(num_threads)
+            torch.set_num_threads(settings.num_threads)
         # Hub ids, as vLLM takes them, become their snapshot folders (with only what the drafter reads).
-        head_dir = str(resolve_model_dir(head_dir, HEAD_FILES))
+        head_dir = str(resolve_model_dir(settings.head_dir, HEAD_FILES))
+        target_dir = settings.target_dir
         if target_dir is not None:
             target_dir = str(resolve_target_dir(target_dir, SHARED_TENSOR_NAMES))
         spec = load_head_spec(head_dir)
         if target_dir is not None:
             check_head_fits_target(spec, target_text_config(target_dir))
-        if isinstance(branches, dict):
-            branches = BranchConfig(**branches)
-        self.placement = detect_placement(spec.raw, device, dtype)
-        self.engine = DrafterEngine.from_checkpoint(head_dir, target_dir, max_model_len=max_model_len,
-                                                    branches=branches, device=self.placement.device,
-                                                    dtype=self.placement.dtype, max_num_seqs=max_num_seqs,
-                                                    kv_cache_gib=kv_cache_gib, idle_slot_ttl_s=idle_slot_ttl_s,
-                                                    max_k=max_k, prefix_cache_fraction=prefix_cache_fraction)
+        self.settings = settings
+        self.placement = detect_placement(spec.raw, settings.device, settings.dtype)
+        self.engine = DrafterEngine.from_checkpoint(head_dir, target_dir, settings.engine,
+                                                    device=self.placement.device, dtype=self.placement.dtype)
         self.head_dir = head_dir
-        self.drafter_id = drafter_id  # answered with every result, so a pool's client knows who drafted
+        self.drafter_id = drafter_id
         self.steps = 0
         self.failures = 0
         self.cold_sequences = 0
@@ -201,39 +197,27 @@ def drafter_actor_class(**options: Any):
 
 
 def start_drafter_actor(
-    head_dir: str,
-    target_dir: str | None,
+    settings: DrafterSettings,
     *,
     name: str | None = None,
     namespace: str | None = None,
     num_cpus: float = 0,
     num_gpus: float = 0,
     resources: dict[str, float] | None = None,
-    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
-    num_threads: int | None = 1,
-    branches: dict[str, Any] | None = None,
-    cpu_affinity: list[int] | None = None,
-    device: str | None = None,
-    dtype: str | None = None,
-    max_num_seqs: int = 1024,
-    kv_cache_gib: float | None = None,
-    idle_slot_ttl_s: float | None = 300.0,
-    prefix_cache_fraction: float = 0.2,
 ):
-    """A named ``DrafterActor`` on its own resources; returns its handle once the head is loaded.
+    """A named ``DrafterActor`` with ``settings`` on its own resources; returns its handle once the head is loaded.
+    A process of its own, as a pool's drafter: one torch thread unless ``settings.num_threads`` says otherwise.
 
     Keep the handle: a named actor is still reference-counted, and goes away with its last handle."""
     import ray
 
+    if settings.num_threads is None:
+        settings = replace(settings, num_threads=1)
     opts: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
     if name:
         opts.update(name=name, namespace=namespace, lifetime=None)
     if resources:
         opts["resources"] = resources
-    handle = drafter_actor_class(**opts).remote(
-        head_dir, target_dir, max_model_len, num_threads, name or "", branches=branches, cpu_affinity=cpu_affinity,
-        device=device, dtype=dtype, max_num_seqs=max_num_seqs, kv_cache_gib=kv_cache_gib,
-        idle_slot_ttl_s=idle_slot_ttl_s, prefix_cache_fraction=prefix_cache_fraction,
-    )
+    handle = drafter_actor_class(**opts).remote(settings, name or "")
     ray.get(handle.ping.remote())
     return handle

@@ -21,8 +21,9 @@ Prefix caching (``actors.drafter.prefix_cache``): a sequence's first step carrie
 blocks, and when the step starts past 0 (vLLM's own prefix-cache hit) copies the cached blocks into the sequence's
 slot before the context pass. As its rows fill blocks, they are stored for the sequences that come after.
 
-With asynchronous drafting (``branches``), sequences whose outcome was guessed skip all of that (their drafts
-were precomputed), and ``after_step`` does the rest off the critical path: ``actors.drafter.branches``.
+Settings: one ``actors.drafter.config.DrafterEngineConfig``, taken whole. With asynchronous drafting (its
+``branches``), sequences whose outcome was guessed skip all of that (their drafts were precomputed), and
+``after_step`` does the rest off the critical path: ``actors.drafter.branches``.
 """
 
 from __future__ import annotations
@@ -37,13 +38,13 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from actors.drafter.branches import BranchAttention, BranchConfig, BranchEntry, guesses
+from actors.drafter.branches import BranchAttention, BranchEntry, guesses
+from actors.drafter.config import DrafterEngineConfig
 from actors.drafter.kv_cache import DraftKVCache, device_budget_gib
 from actors.drafter.prefix_cache import PrefixBlockStore, SeqTokens
 from actors.eagle.heads import DraftHead
 from actors.eagle.layers import sdpa_attend
 from actors.messages import (
-    MAX_SPECULATIVE_TOKENS,
     BadStep,
     DraftResult,
     DraftStatus,
@@ -75,7 +76,6 @@ class _Batch:
         }
 
 
-DEFAULT_MAX_MODEL_LEN = 4096  # the longest sequence a drafter drafts for, unless configured
 # Attention scores one sdpa call may hold ([B, heads, query rows, keys]): a long prompt's context pass attends in
 # blocks of query rows under this, so a 32k-token prefill does not ask for 40 x 32k x 32k scores at once.
 MAX_SCORES = 2**28
@@ -191,21 +191,19 @@ class DrafterEngine:
     def __init__(
         self,
         head: DraftHead,
-        max_model_len: int = DEFAULT_MAX_MODEL_LEN,
-        max_num_seqs: int = 1024,
+        config: DrafterEngineConfig | None = None,
+        *,
         device: str | torch.device = "cpu",
-        branches: BranchConfig | None = None,
         dtype: torch.dtype | None = None,
-        kv_cache_gib: float | None = None,
-        kv_cache_free_fraction: float = 0.6,
-        idle_slot_ttl_s: float | None = 300.0,
         clock: Callable[[], float] = time.monotonic,
-        max_k: int = MAX_SPECULATIVE_TOKENS,
-        prefix_cache_fraction: float = 0.2,
     ) -> None:
-        """``branches``: asynchronous drafting (``actors.drafter.branches``); ``after_step`` then does the
+        """``config``: the engine's settings (``actors.drafter.config.DrafterEngineConfig``; default: its defaults),
+        checked when it was built. ``device`` / ``dtype``: where the weights, activations and draft KV cache live,
+        and in which dtype (default: the head's as given); for an actor, ``actors.drafter.placement`` decides them.
+        ``clock``: what idle slots are timed by.
+
+        ``config.branches``: asynchronous drafting (``actors.drafter.branches``); ``after_step`` then does the
         off-critical-path work of each step, and must run before the next ``propose``.
-        ``dtype``: of the weights, activations and draft KV cache (default: the head's as given).
 
         Room: the draft KV cache holds a dense ``max_model_len`` slot per sequence, for at most ``max_num_seqs``
         sequences and no more slots than fit in ``kv_cache_gib`` (default on CUDA: ``kv_cache_free_fraction`` of
@@ -223,19 +221,23 @@ class DrafterEngine:
         may take (``actors.drafter.prefix_cache``; the slots get the rest); with no memory cap (a CPU) it may hold
         as many blocks as ``prefix_cache_fraction * max_num_seqs`` slots, allocated as they fill. 0: no prefix
         cache (a sequence starting past 0 is drafted from what follows, as a re-homed one)."""
-        if not 0 <= prefix_cache_fraction < 1:
-            raise ValueError(f"drafter: prefix_cache_fraction {prefix_cache_fraction} outside [0, 1)")
+        config = DrafterEngineConfig() if config is None else config
+        if not isinstance(config, DrafterEngineConfig):
+            raise TypeError(f"drafter: config must be a DrafterEngineConfig, got {type(config).__name__}")
+        self.config = config
+        max_model_len, max_num_seqs, kv_cache_gib = config.max_model_len, config.max_num_seqs, config.kv_cache_gib
+        prefix_cache_fraction = config.prefix_cache_fraction
         self.dtype = dtype or head.embed_tokens.weight.dtype
         self.head = head.cast(self.dtype).to(device).eval().fuse()
         self.device = device
         spec = head.spec
         self.spec = spec
         self.max_model_len = max_model_len
-        self.max_k = max_k
+        self.max_k = config.max_k
         slot_bytes = DraftKVCache.bytes_per_slot(spec.num_layers, spec.num_kv_heads, spec.head_dim,
                                                  max_model_len + 1, self.dtype)
         if kv_cache_gib is None:
-            kv_cache_gib = device_budget_gib(device, kv_cache_free_fraction)
+            kv_cache_gib = device_budget_gib(device, config.kv_cache_free_fraction)
         if kv_cache_gib is not None:
             self.prefix_cache_bytes = int(prefix_cache_fraction * kv_cache_gib * 2**30)
             kv_cache_gib *= 1 - prefix_cache_fraction
@@ -254,17 +256,19 @@ class DrafterEngine:
         self.prefix_hit_tokens = self.prefix_miss_tokens = 0  # since start
         self._prefix_unreported = [0, 0]  # (hit, miss) since the last DraftResult
         self.chunks = {i: layer.self_attn.chunk_size for i, layer in enumerate(head.layers)}
-        self.branch_config = branches
+        self.branch_config = config.branches
         self.branch_table: dict[str, BranchEntry] = {}
-        self.idle_slot_ttl_s, self.clock = idle_slot_ttl_s, clock
+        self.idle_slot_ttl_s, self.clock = config.idle_slot_ttl_s, clock
         self.evicted = 0  # sequences whose slot was reclaimed for idleness
         self._pending: _Pending | None = None  # what after_step() has to do for the last step
 
     @classmethod
-    def from_checkpoint(cls, head_dir: str | Path, target_dir: str | Path | None = None, **kw) -> DrafterEngine:
+    def from_checkpoint(cls, head_dir: str | Path, target_dir: str | Path | None = None,
+                        config: DrafterEngineConfig | None = None, *, device: str | torch.device = "cpu",
+                        dtype: torch.dtype | None = None) -> DrafterEngine:
         from actors.eagle.checkpoint import load_head  # safetensors: only for engines built from files
 
-        return cls(load_head(head_dir, target_dir, dtype=kw.get("dtype") or torch.float32), **kw)
+        return cls(load_head(head_dir, target_dir, dtype=dtype or torch.float32), config, device=device, dtype=dtype)
 
     @property
     def num_active_sequences(self) -> int:

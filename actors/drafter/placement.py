@@ -33,6 +33,12 @@ def parse_dtype(name: str) -> torch.dtype:
     return DTYPES[key]
 
 
+def check_device(device: str) -> None:
+    """A device this drafter can be forced onto: ``"cuda"``, ``"cuda:N"`` or ``"cpu"``."""
+    if not isinstance(device, str) or (device not in ("cuda", "cpu") and not device.startswith("cuda:")):
+        raise ValueError(f"drafter device: {device!r} is not 'cuda', 'cuda:N' or 'cpu'")
+
+
 def head_dtype(head_config: dict[str, Any]) -> torch.dtype | None:
     """The dtype a head's ``config.json`` names (``torch_dtype``, or ``dtype`` in newer transformers), if any."""
     name = head_config.get("torch_dtype") or head_config.get("dtype")
@@ -56,8 +62,7 @@ def choose_placement(
             raise RuntimeError("drafter: this process was given a GPU, but torch cannot use CUDA "
                                f"(torch {torch.__version__}); install a CUDA build of torch or set device='cpu'")
         device = "cuda" if has_gpu else "cpu"
-    if device not in ("cuda", "cpu") and not device.startswith("cuda:"):
-        raise ValueError(f"drafter device: {device!r} is not 'cuda', 'cuda:N' or 'cpu'")
+    check_device(device)
     if dtype not in (None, "auto"):
         return Placement(device, parse_dtype(dtype))
     if device == "cpu":

@@ -1,9 +1,10 @@
 """The drafter deployment: a Ray Serve replica that owns one drafter actor (``actors.drafter.actor.DrafterActor``).
 
 Undecorated (``cluster.app`` makes it a deployment with a one-bundle placement group holding the configured
-resources, and autoscaling). Serve places, health-checks and scales the replicas; the replica starts its
-drafter actor in its own bundle (so the actor gets the replica's CPUs / GPU), and the actor dies with it (Ray
-ends an actor whose owner dies). Verifiers reach the actor straight by its handle, which ``attach`` hands out
+resources, and autoscaling, and binds it the pool's ``actors.drafter.config.DrafterSettings``). Serve places,
+health-checks and scales the replicas; the replica starts its drafter actor with those settings in its own bundle
+(so the actor gets the replica's CPUs / GPU), and the actor dies with it (Ray ends an actor whose owner dies).
+Verifiers reach the actor straight by its handle, which ``attach`` hands out
 (``cluster.drafter_pool.client.ServeDraftClient``): a step's traffic never goes through Serve.
 
 Health reflects real health: the actor is alive and answers a one-token draft. Load reports:
@@ -17,18 +18,17 @@ import time
 from typing import Any
 
 from actors.drafter.actor import drafter_actor_class
+from actors.drafter.config import DrafterSettings
 from actors.verifier.client import DRAFT_TIMEOUT_S
 
 
 class DrafterServer:
-    async def __init__(self, head_dir: str, target_dir: str, max_model_len: int, num_threads: int = 1,
-                   branches: dict[str, Any] | None = None, actor_options: dict[str, Any] | None = None,
-                   cpu_affinity: list[int] | None = None, engine: dict[str, Any] | None = None,
-                   timeout_s: float = DRAFT_TIMEOUT_S) -> None:
-        """``actor_options``: the drafter actor's Ray resources (``num_cpus``, ``num_gpus``, ``resources``).
-        ``engine``: the actor's ``dtype``, ``max_num_seqs``, ``kv_cache_gib`` and ``max_k``. ``timeout_s``: how
-        long a verifier waits for a draft call here, handed to it with ``attach`` (a drafter setting that verifiers
-        learn)."""
+    async def __init__(self, settings: DrafterSettings, actor_options: dict[str, Any] | None = None,
+                       timeout_s: float = DRAFT_TIMEOUT_S) -> None:
+        """``settings``: the drafter actor's, as the pool config built them (``DrafterPoolConfig.for_drafter``),
+        handed to it whole. ``actor_options``: its Ray resources (``num_cpus``, ``num_gpus``, ``resources``).
+        ``timeout_s``: how long a verifier waits for a draft call here, handed to it with ``attach`` (a drafter
+        setting that verifiers learn)."""
         from ray import serve
         from ray.util import get_current_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -38,10 +38,7 @@ class DrafterServer:
         pg = get_current_placement_group()
         if pg is not None:
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
-        self.drafter = drafter_actor_class(**opts).remote(
-            head_dir, target_dir, max_model_len, num_threads, self.replica_id, branches=branches,
-            cpu_affinity=cpu_affinity, **(engine or {}),
-        )
+        self.drafter = drafter_actor_class(**opts).remote(settings, self.replica_id)
         self.info = {**await self.drafter.info.remote(), "timeout_s": timeout_s}
 
     async def attach(self) -> tuple[str, Any, dict[str, Any]]:

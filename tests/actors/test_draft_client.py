@@ -10,6 +10,8 @@ import ray
 import torch
 
 from actors.drafter.actor import start_drafter_actor
+from actors.drafter.branches import BranchConfig
+from actors.drafter.config import DrafterEngineConfig, DrafterSettings
 from actors.messages import BranchTable, DraftStatus, DraftStep, SeqRole, SeqSlice
 from actors.verifier.client import ActorDraftClient, DraftClient
 
@@ -42,7 +44,8 @@ def table_of(client: DraftClient) -> BranchTable:
 
 def test_hits_do_not_wait_misses_do(ray_local, toy_heads):
     target, heads = toy_heads
-    actor = start_drafter_actor(str(heads["eagle1"]), str(target), branches=ASYNC)
+    actor = start_drafter_actor(DrafterSettings(str(heads["eagle1"]), str(target),
+                                                engine=DrafterEngineConfig(branches=BranchConfig(**ASYNC))))
     client = ActorDraftClient(actor)
     width = 64
     # A prompt step: placeholders at once, the drafter caches the rows and drafts branches for outcome a = 0.
@@ -94,8 +97,9 @@ class FixedPool(DraftClient):
 @pytest.mark.parametrize("branches", [None, ASYNC], ids=["sync", "async"])
 def test_dead_home_rehomes_and_frees_go_home(ray_local, toy_heads, branches):
     target, heads = toy_heads
-    actors = [start_drafter_actor(str(heads["eagle3"]), str(target), name=f"d{i}-{bool(branches)}",
-                                  branches=branches) for i in range(2)]
+    engine = DrafterEngineConfig(branches=BranchConfig(**branches) if branches else None)
+    actors = [start_drafter_actor(DrafterSettings(str(heads["eagle3"]), str(target), engine=engine),
+                                  name=f"d{i}-{bool(branches)}") for i in range(2)]
     client = FixedPool(actors, new_group_size=1)
     width = 3 * 64
     prompt = [("a", 0, [1, 2, 3, 4], SeqRole.CONTEXT), ("b", 0, [5, 6, 7], SeqRole.CONTEXT)]
@@ -122,7 +126,8 @@ def test_branches_are_answered_by_sequence_when_verifiers_interleave(toy_heads):
     from actors.drafter.actor import DrafterActor
 
     target, heads = toy_heads
-    actor = DrafterActor(str(heads["eagle1"]), str(target), max_model_len=64, branches=ASYNC)
+    actor = DrafterActor(DrafterSettings(str(heads["eagle1"]), str(target),
+                                         engine=DrafterEngineConfig(max_model_len=64, branches=BranchConfig(**ASYNC))))
     step_a, hidden_a = step(0, [("a", 0, [1, 2, 3], SeqRole.CONTEXT)], 64)
     step_b, hidden_b = step(1, [("b", 0, [4, 5], SeqRole.CONTEXT)], 64)
     actor.propose(step_a.pack(), hidden_a.numpy())

@@ -13,6 +13,7 @@ import pytest
 import ray
 
 from actors.drafter.actor import start_drafter_actor
+from actors.drafter.config import DrafterSettings
 from actors.metrics import ProposerStats
 from actors.verifier.engine import make_verifier_llm
 from tests.actors import vllm_helpers as vh
@@ -27,7 +28,7 @@ SCHEDULE = [[1, 2, 3], [3, 5, 1], [6, 32, 0]]
 def run_with(prompts, params, per_batch, name):
     spec = {"method": "eagle", "model": str(EAGLE1), "num_speculative_tokens": K,
             "num_speculative_tokens_per_batch_size": per_batch}
-    actor = start_drafter_actor(str(EAGLE1), str(TARGET), name=name, namespace=NS)
+    actor = start_drafter_actor(DrafterSettings(str(EAGLE1), str(TARGET)), name=name, namespace=NS)
     llm = make_verifier_llm(str(TARGET), spec, {"actor": name, "namespace": NS})
     try:
         tokens, vllm_stats = vh.run(llm, prompts, params)

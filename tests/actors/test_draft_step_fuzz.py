@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from actors.drafter.actor import DrafterActor
+from actors.drafter.branches import BranchConfig
+from actors.drafter.config import DrafterEngineConfig, DrafterSettings
 from actors.messages import (
     BadStep,
     BranchTable,
@@ -25,11 +27,12 @@ from tests.actors.malformed_steps import K, check_answer, good_step, mutations
 from tests.conftest import EAGLE1, TARGET
 
 MAX_LEN = 64
-ASYNC = {"bonus_fanout": 2, "recovered_fanout": 1}
+ASYNC = BranchConfig(bonus_fanout=2, recovered_fanout=1)
 
 
-def _actor(branches=None, max_k: int = 4) -> DrafterActor:
-    return DrafterActor(str(EAGLE1), str(TARGET), max_model_len=MAX_LEN, branches=branches, max_k=max_k)
+def _actor(branches: BranchConfig | None = None, max_k: int = 4) -> DrafterActor:
+    engine = DrafterEngineConfig(max_model_len=MAX_LEN, branches=branches, max_k=max_k)
+    return DrafterActor(DrafterSettings(str(EAGLE1), str(TARGET), engine=engine))
 
 
 @pytest.mark.parametrize("branches", [None, ASYNC], ids=["sync", "async"])

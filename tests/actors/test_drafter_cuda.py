@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from actors.drafter.branches import BranchConfig
+from actors.drafter.config import DrafterEngineConfig
 from actors.drafter.engine import DrafterEngine
 from actors.eagle.heads import DraftHead
 from actors.eagle.spec import head_spec_from_dict
@@ -56,7 +57,7 @@ def steps(width: int) -> list[tuple[DraftStep, torch.Tensor]]:
 
 def drafts_on(device: str, method: str, branches: BranchConfig | None) -> list[tuple[list, dict]]:
     """Per step: (drafts, the branch table's drafts by sequence) of an engine on ``device``."""
-    engine = DrafterEngine(random_head(method), max_model_len=64, device=device, branches=branches)
+    engine = DrafterEngine(random_head(method), DrafterEngineConfig(max_model_len=64, branches=branches), device=device)
     assert engine.cache.k[0].device.type == engine.head.fc.weight.device.type == device
     out = []
     for step, hidden in steps(engine.spec.fused_hidden_size):

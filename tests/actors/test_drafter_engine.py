@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from actors.drafter.branches import BranchConfig
+from actors.drafter.config import DrafterEngineConfig
 from actors.drafter.engine import DrafterEngine
 from actors.eagle.checkpoint import load_head
 from actors.eagle.layers import sdpa_attend
@@ -57,7 +58,7 @@ def make_step(step_id, k, seqs):
 def test_batched_cached_drafts_match_recompute(toy_heads, name):
     target_dir, heads = toy_heads
     head = load_head(heads[name], target_dir)
-    engine = DrafterEngine(head, max_model_len=128)
+    engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=128))
     width = head.spec.fused_hidden_size
     g = torch.Generator().manual_seed(0)
     k = 3
@@ -91,7 +92,7 @@ def test_batched_cached_drafts_match_recompute(toy_heads, name):
 
 def test_free_releases_slots(toy_heads):
     target_dir, heads = toy_heads
-    engine = DrafterEngine(load_head(heads["eagle1"], target_dir), max_model_len=64)
+    engine = DrafterEngine(load_head(heads["eagle1"], target_dir), DrafterEngineConfig(max_model_len=64))
     width = engine.spec.fused_hidden_size
     seqs = [(f"r{i}", 0, torch.arange(3), torch.randn(3, width)) for i in range(20)]
     step, hidden = make_step(0, 2, seqs)
@@ -105,7 +106,7 @@ def test_free_releases_slots(toy_heads):
 
 def test_bad_step_is_refused(toy_heads):
     target_dir, heads = toy_heads
-    engine = DrafterEngine(load_head(heads["eagle3"], target_dir), max_model_len=64)
+    engine = DrafterEngine(load_head(heads["eagle3"], target_dir), DrafterEngineConfig(max_model_len=64))
     step, hidden = make_step(0, 2, [("x", 0, torch.arange(3), torch.randn(3, 64))])  # EAGLE-3 needs 3 x 64
     with pytest.raises(ValueError, match="hidden width"):
         engine.propose_tensors(step, hidden)
@@ -116,7 +117,7 @@ def test_rehomed_sequence_drafts_from_the_context_it_has(toy_heads):
     reused slot full of another sequence's entries."""
     target_dir, heads = toy_heads
     head = load_head(heads["eagle1"], target_dir)
-    engine = DrafterEngine(head, max_model_len=64, max_num_seqs=1)
+    engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=64, max_num_seqs=1))
     width = head.spec.fused_hidden_size
     g = torch.Generator().manual_seed(1)
     ids, hidden = torch.randint(0, 300, (12,), generator=g), torch.randn(12, width, generator=g)
@@ -158,7 +159,8 @@ def test_branches_match_recompute_and_answer_hits(toy_heads, name):
     target_dir, heads = toy_heads
     head = load_head(heads[name], target_dir)
     k = 3
-    engine = DrafterEngine(head, max_model_len=128, branches=BranchConfig(bonus_fanout=2, recovered_fanout=1))
+    branches = BranchConfig(bonus_fanout=2, recovered_fanout=1)
+    engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=128, branches=branches))
     width = head.spec.fused_hidden_size
     g = torch.Generator().manual_seed(2)
     n = 11  # branches reach positions 12..17: across the chunk boundary at 16
@@ -227,7 +229,8 @@ def test_context_step_caches_rows_and_drafts_outcome_zero(toy_heads, name):
     target_dir, heads = toy_heads
     head = load_head(heads[name], target_dir)
     k = 3
-    engine = DrafterEngine(head, max_model_len=128, branches=BranchConfig(bonus_fanout=3, recovered_fanout=1))
+    branches = BranchConfig(bonus_fanout=3, recovered_fanout=1)
+    engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=128, branches=branches))
     g = torch.Generator().manual_seed(3)
     n = 13
     ids, hidden = torch.randint(0, 300, (n,), generator=g), torch.randn(n, head.spec.fused_hidden_size, generator=g)
@@ -252,7 +255,8 @@ def test_bfloat16_engine_matches_bfloat16_recompute(toy_heads, name):
     activations and the draft KV cache in bfloat16, rotary frequencies kept in float32, drafts equal to a
     from-scratch recompute of the bfloat16 head; asynchronous drafting runs in bfloat16 too."""
     target_dir, heads = toy_heads
-    engine = DrafterEngine(load_head(heads[name], target_dir), max_model_len=64, dtype=torch.bfloat16)
+    engine = DrafterEngine(load_head(heads[name], target_dir), DrafterEngineConfig(max_model_len=64),
+                           dtype=torch.bfloat16)
     assert engine.head.fc.weight.dtype == torch.bfloat16
     assert engine.cache.k[0].dtype == engine.cache.v[0].dtype == torch.bfloat16
     assert engine.head.layers[0].self_attn.freqs.dtype == torch.float32
@@ -266,8 +270,8 @@ def test_bfloat16_engine_matches_bfloat16_recompute(toy_heads, name):
     for i, (_, _, ids, h) in enumerate(seqs):
         assert got[i].tolist() == reference_drafts(ref_head, ids, h.to(torch.bfloat16), 3)
 
-    branched = DrafterEngine(load_head(heads[name], target_dir), max_model_len=64, dtype=torch.bfloat16,
-                             branches=BranchConfig(bonus_fanout=2, recovered_fanout=1))
+    config = DrafterEngineConfig(max_model_len=64, branches=BranchConfig(bonus_fanout=2, recovered_fanout=1))
+    branched = DrafterEngine(load_head(heads[name], target_dir), config, dtype=torch.bfloat16)
     assert branched.propose_tensors(step, hidden).drafts.tolist() == got.tolist()
     assert sorted(branched.after_step()) == ["s0", "s1", "s2"]
 
@@ -291,7 +295,7 @@ def test_long_prompts_attend_in_blocks(toy_heads, name, monkeypatch):
     monkeypatch.setattr(engine_module, "MAX_SCORES", 1)
     target_dir, heads = toy_heads
     head = load_head(heads[name], target_dir)
-    engine = DrafterEngine(head, max_model_len=64)
+    engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=64))
     width = head.spec.fused_hidden_size
     g = torch.Generator().manual_seed(3)
     seqs = [(r, 0, torch.randint(0, 300, (n,), generator=g), torch.randn(n, width, generator=g))

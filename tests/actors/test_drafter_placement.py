@@ -44,13 +44,17 @@ def test_detect_placement_outside_ray_follows_torch(monkeypatch):
 
 
 def test_actor_builds_its_engine_as_decided(toy_heads):
+    from dataclasses import replace
+
     from actors.drafter.actor import DrafterActor
+    from actors.drafter.config import DrafterEngineConfig, DrafterSettings
 
     target_dir, heads = toy_heads
-    default = DrafterActor(str(heads["eagle3"]), str(target_dir), max_model_len=64)  # no GPU here: CPU, float32
+    settings = DrafterSettings(str(heads["eagle3"]), str(target_dir), engine=DrafterEngineConfig(max_model_len=64))
+    default = DrafterActor(settings)  # no GPU here: CPU, float32
     assert (default.engine.device, default.engine.dtype) == ("cpu", torch.float32)
     assert default.probe() == (1, 1)
-    bf16 = DrafterActor(str(heads["eagle3"]), str(target_dir), max_model_len=64, dtype="bfloat16")
+    bf16 = DrafterActor(replace(settings, dtype="bfloat16"))
     assert bf16.engine.dtype == bf16.engine.cache.dtype == torch.bfloat16
     assert bf16.engine.head.fc.weight.dtype == torch.bfloat16
     assert bf16.probe() == (1, 1)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from actors.drafter.branches import BranchConfig
+from actors.drafter.config import DrafterEngineConfig, DrafterSettings
 from actors.drafter.engine import DrafterEngine
 from actors.drafter.kv_cache import DraftKVCache
 from actors.eagle.checkpoint import load_head
@@ -18,8 +19,10 @@ from tests.actors.steps import random_step
 @pytest.mark.parametrize("branches", [None, BranchConfig(bonus_fanout=2, recovered_fanout=1)], ids=["sync", "async"])
 def test_slot_cap_refuses_new_sequences_only(toy_heads, branches):
     target_dir, heads = toy_heads
-    capped = DrafterEngine(load_head(heads["eagle1"], target_dir), max_model_len=64, max_num_seqs=2, branches=branches)
-    free = DrafterEngine(load_head(heads["eagle1"], target_dir), max_model_len=64, branches=branches)
+    capped = DrafterEngine(load_head(heads["eagle1"], target_dir),
+                           DrafterEngineConfig(max_model_len=64, max_num_seqs=2, branches=branches))
+    free = DrafterEngine(load_head(heads["eagle1"], target_dir),
+                         DrafterEngineConfig(max_model_len=64, branches=branches))
     width = capped.spec.fused_hidden_size
     step, hidden = random_step(0, 3, [("a", 0, 5), ("b", 0, 7), ("c", 0, 4)], width)
     got, want = capped.propose_tensors(step, hidden), free.propose_tensors(step, hidden)
@@ -38,7 +41,7 @@ def test_slot_cap_refuses_new_sequences_only(toy_heads, branches):
 
 def test_sequences_past_max_model_len_get_no_drafts(toy_heads):
     target_dir, heads = toy_heads
-    engine = DrafterEngine(load_head(heads["eagle3"], target_dir), max_model_len=32)
+    engine = DrafterEngine(load_head(heads["eagle3"], target_dir), DrafterEngineConfig(max_model_len=32))
     width = engine.spec.fused_hidden_size
     # k=3 drafts at positions up to last + 2: "fits" ends at 28 (reaches 30), "long" at 30 (would reach 32).
     step, hidden = random_step(0, 3, [("fits", 0, 29), ("long", 0, 31)], width)
@@ -56,13 +59,15 @@ def test_kv_cache_gib_caps_the_slots(toy_heads):
     head = load_head(heads["eagle1"], target_dir)
     spec = head.spec
     slot = DraftKVCache.bytes_per_slot(spec.num_layers, spec.num_kv_heads, spec.head_dim, 65, torch.float32)
-    engine = DrafterEngine(head, max_model_len=64, kv_cache_gib=3.5 * slot / 2**30, prefix_cache_fraction=0.0)
+    engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=64, kv_cache_gib=3.5 * slot / 2**30,
+                                                     prefix_cache_fraction=0.0))
     assert engine.cache.max_slots == 3 and engine.prefix_cache_bytes == 0
     step, hidden = random_step(0, 2, [(f"s{i}", 0, 3) for i in range(5)], spec.fused_hidden_size)
     assert engine.propose_tensors(step, hidden).full_rows == [3, 4]
     assert sum(t.numel() * t.element_size() for t in (*engine.cache.k, *engine.cache.v)) <= 3.5 * slot
     with pytest.raises(ValueError, match="holds no sequence"):
-        DrafterEngine(load_head(heads["eagle1"], target_dir), max_model_len=64, kv_cache_gib=0.5 * slot / 2**30)
+        DrafterEngine(load_head(heads["eagle1"], target_dir),
+                      DrafterEngineConfig(max_model_len=64, kv_cache_gib=0.5 * slot / 2**30))
 
 
 def test_prefix_cache_takes_its_share_of_kv_cache_gib(toy_heads):
@@ -71,17 +76,19 @@ def test_prefix_cache_takes_its_share_of_kv_cache_gib(toy_heads):
     head = load_head(heads["eagle1"], target_dir)
     spec = head.spec
     slot = DraftKVCache.bytes_per_slot(spec.num_layers, spec.num_kv_heads, spec.head_dim, 65, torch.float32)
-    engine = DrafterEngine(head, max_model_len=64, kv_cache_gib=5 * slot / 2**30, prefix_cache_fraction=0.2)
+    engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=64, kv_cache_gib=5 * slot / 2**30,
+                                                     prefix_cache_fraction=0.2))
     assert engine.cache.max_slots == 4 and engine.prefix_cache_bytes == slot
     with pytest.raises(ValueError, match="prefix_cache_fraction"):
-        DrafterEngine(load_head(heads["eagle1"], target_dir), prefix_cache_fraction=1.0)
+        DrafterEngine(load_head(heads["eagle1"], target_dir), DrafterEngineConfig(prefix_cache_fraction=1.0))
 
 
 def test_actor_reports_full_rows(toy_heads):
     from actors.drafter.actor import DrafterActor
 
     target_dir, heads = toy_heads
-    actor = DrafterActor(str(heads["eagle1"]), str(target_dir), max_model_len=64, max_num_seqs=1)
+    actor = DrafterActor(DrafterSettings(str(heads["eagle1"]), str(target_dir),
+                                         engine=DrafterEngineConfig(max_model_len=64, max_num_seqs=1)))
     step, hidden = random_step(0, 2, [("a", 0, 3), ("b", 0, 3)], actor.engine.spec.fused_hidden_size)
     result = DraftResult.unpack(actor.propose(step.pack(), hidden.numpy()))
     assert result.status is DraftStatus.OK

@@ -34,10 +34,12 @@ def add_to_hub_cache(cache: Path, repo_id: str, folder: Path) -> Path:
 OFFLINE_SCRIPT = """
 import sys
 from actors.drafter.actor import DrafterActor
+from actors.drafter.config import DrafterEngineConfig, DrafterSettings
 from actors.eagle.hub import resolve_model_dir
 from actors.eagle.spec import HeadConfigError
 
-actor = DrafterActor("test-org/eagle1-head", "test-org/llama4-target", max_model_len=64)
+engine = DrafterEngineConfig(max_model_len=64)
+actor = DrafterActor(DrafterSettings("test-org/eagle1-head", "test-org/llama4-target", engine=engine))
 print("head", actor.head_dir)
 print("probe", actor.probe())
 try:

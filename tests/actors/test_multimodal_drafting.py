@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from actors.drafter.branches import BranchConfig
+from actors.drafter.config import DrafterEngineConfig
 from actors.drafter.engine import DrafterEngine
 from actors.eagle.checkpoint import load_head
 from actors.messages import BadStep, DraftStep, SeqSlice
@@ -106,7 +107,8 @@ def test_drafter_uses_image_embeddings_where_vllm_does(toy_heads, name, branches
     k = 3
 
     def run(with_image: bool, embeds: torch.Tensor | None = None):
-        engine = DrafterEngine(load_head(heads[name], target_dir), max_model_len=128, branches=branches)
+        engine = DrafterEngine(load_head(heads[name], target_dir),
+                               DrafterEngineConfig(max_model_len=128, branches=branches))
         step, hid = make_step(0, k, [("a", 0, ids, hidden)])
         if with_image:
             step.mm_rows = np.array(mm_rows, np.int32)

@@ -11,6 +11,7 @@ import pytest
 import ray
 
 from actors.drafter.actor import start_drafter_actor
+from actors.drafter.config import DrafterSettings
 from actors.metrics import ProposerStats, from_vllm_metrics
 from actors.verifier.engine import make_verifier_llm
 from tests.actors import vllm_helpers as vh
@@ -39,7 +40,7 @@ def test_no_drafter_verifies_no_draft_tokens_then_a_drafter_attaches(ray_cluster
         assert stats.steps == 0 and stats.steps_without_drafts > 0 and stats.undrafted["no_drafter"] > 0
         assert stats.client["drafters"] == 0
 
-        actor = start_drafter_actor(str(EAGLE1), str(TARGET), name=NAME, namespace=NS)
+        actor = start_drafter_actor(DrafterSettings(str(EAGLE1), str(TARGET)), name=NAME, namespace=NS)
         ray.get(actor.info.remote())
         tokens, _ = vh.run(llm, prompts, greedy)
         after = from_vllm_metrics(llm.get_metrics()) - before

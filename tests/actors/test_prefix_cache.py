@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from actors.drafter.branches import BranchConfig
+from actors.drafter.config import DrafterEngineConfig
 from actors.drafter.engine import DrafterEngine
 from actors.drafter.prefix_cache import PrefixBlockStore, SeqTokens, block_hashes, hash_block_tokens, root_hash
 from actors.eagle.checkpoint import load_head
@@ -97,7 +98,7 @@ def test_prefix_hit_drafts_as_from_position_zero(toy_heads, prompts_and_hidden, 
     ta, tb, g = prompts_and_hidden
     ha = torch.randn(14, width, generator=g)
     hb = torch.cat([ha[:9], torch.randn(5, width, generator=g)])  # the target's states agree on the shared tokens
-    engine = DrafterEngine(head, max_model_len=64)
+    engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=64))
     ids, h = _rows(ta, 7, ha, 0)
     engine.propose_tensors(*_step(0, [("a", 0, ids, h, ta)]))
     assert engine.prefix_store.num_cached == 3
@@ -119,7 +120,7 @@ def test_evicted_prefix_is_a_miss_and_drafts_from_what_follows(toy_heads, prompt
     ta, tb, g = prompts_and_hidden
     ha = torch.randn(14, width, generator=g)
     hb = torch.cat([ha[:9], torch.randn(5, width, generator=g)])
-    engine = DrafterEngine(head, max_model_len=64, max_num_seqs=2, prefix_cache_fraction=0.2)
+    engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=64, max_num_seqs=2, prefix_cache_fraction=0.2))
     engine.propose_tensors(*_step(0, [("a", 0, *_rows(ta, 7, ha, 0), ta)]))
     max_blocks = engine.prefix_store.max_blocks
     for i in range(max_blocks // 3 + 1):  # other prompts push A's blocks out
@@ -141,7 +142,7 @@ def test_partial_prefix_masks_the_gap(toy_heads, prompts_and_hidden):
     width = head.spec.fused_hidden_size
     ta, tb, g = prompts_and_hidden
     ha = torch.randn(14, width, generator=g)
-    engine = DrafterEngine(head, max_model_len=64)
+    engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=64))
     engine.propose_tensors(*_step(0, [("a", 0, *_rows(ta, 7, ha, 0), ta)]))
     store = engine.prefix_store
     store.index.pop(block_hashes(ta, BS)[1])  # block 1 gone, block 0 kept
@@ -164,7 +165,8 @@ def test_async_drafting_counts_prompt_steps(toy_heads, prompts_and_hidden):
     ta, tb, g = prompts_and_hidden
     ha = torch.randn(14, width, generator=g)
     hb = torch.cat([ha[:9], torch.randn(5, width, generator=g)])
-    engine = DrafterEngine(head, max_model_len=64, branches=BranchConfig(bonus_fanout=2, recovered_fanout=1))
+    engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=64,
+                                                     branches=BranchConfig(bonus_fanout=2, recovered_fanout=1)))
     for i, (rid, p0, tokens, hidden) in enumerate([("a", 0, ta, ha), ("b", 8, tb, hb)]):
         step, rows = _step(i, [(rid, p0, *_rows(tokens, 7, hidden, p0), tokens)])
         step.seqs[0] = SeqSlice(rid, 0, step.seqs[0].num_tokens, p0, SeqRole.CONTEXT)

@@ -12,6 +12,7 @@ import pytest
 import ray
 
 from actors.drafter.actor import start_drafter_actor
+from actors.drafter.config import DrafterEngineConfig, DrafterSettings
 from actors.metrics import ProposerStats, SpecDecodeStats, from_vllm_metrics
 from actors.verifier.client import DraftClient
 from actors.verifier.engine import make_verifier_llm
@@ -89,8 +90,8 @@ def reference(workload):
 
 
 def cluster_run(names: list[str], workload, **drafter) -> tuple[list[list[int]], SpecDecodeStats, ProposerStats, list]:
-    actors = [start_drafter_actor(str(EAGLE3), str(TARGET), name=n, namespace=NS, max_model_len=1024, **drafter)
-              for n in names]
+    settings = DrafterSettings(str(EAGLE3), str(TARGET), engine=DrafterEngineConfig(max_model_len=1024, **drafter))
+    actors = [start_drafter_actor(settings, name=n, namespace=NS) for n in names]
     client = {"client": "tests.actors.test_prefix_caching:NamedActorsClient", "names": names, "namespace": NS,
               "new_group_size": 1}
     llm = make_verifier_llm(str(TARGET), SPEC, client)

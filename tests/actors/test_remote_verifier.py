@@ -18,6 +18,8 @@ import pytest
 import ray
 
 from actors.drafter.actor import DrafterActor, start_drafter_actor
+from actors.drafter.branches import BranchConfig
+from actors.drafter.config import DrafterEngineConfig, DrafterSettings
 from actors.eagle.spec import HeadConfigError
 from actors.metrics import ProposerStats
 from actors.verifier.engine import make_verifier_llm
@@ -51,11 +53,12 @@ def spec(head, method):
     return {"method": method, "model": str(head), "num_speculative_tokens": K}
 
 
-ASYNC = {"bonus_fanout": 2, "recovered_fanout": 1}  # asynchronous drafting (actors/drafter/branches.py)
+ASYNC = BranchConfig(bonus_fanout=2, recovered_fanout=1)  # asynchronous drafting (actors/drafter/branches.py)
 
 
 def remote_run(ray_cluster, head, method, prompts, params, name, branches=None, **engine):
-    actor = start_drafter_actor(str(head), str(TARGET), name=name, namespace=NS, branches=branches)
+    settings = DrafterSettings(str(head), str(TARGET), engine=DrafterEngineConfig(branches=branches))
+    actor = start_drafter_actor(settings, name=name, namespace=NS)
     llm = make_verifier_llm(str(TARGET), spec(head, method), {"actor": name, "namespace": NS}, **engine)
     try:
         tokens, stats = vh.run(llm, prompts, params)
@@ -156,7 +159,7 @@ def test_sampling_matches_target_only_distribution(ray_cluster, branches):
 def test_drafter_death_fails_nothing(ray_cluster, prompts, greedy, reference):
     from vllm import SamplingParams
 
-    actor = start_drafter_actor(str(EAGLE1), str(TARGET), name="drafter-doomed", namespace=NS)
+    actor = start_drafter_actor(DrafterSettings(str(EAGLE1), str(TARGET)), name="drafter-doomed", namespace=NS)
     llm = make_verifier_llm(str(TARGET), spec(EAGLE1, "eagle"), {"actor": "drafter-doomed", "namespace": NS,
                                                                    "timeout_s": 5.0})
     try:
@@ -184,7 +187,7 @@ def test_drafter_step_error_is_reported_not_raised(tmp_path):
 
     from actors.messages import DraftResult, DraftStatus, DraftStep, SeqSlice
 
-    actor = DrafterActor(str(EAGLE1), str(TARGET), max_model_len=64)
+    actor = DrafterActor(DrafterSettings(str(EAGLE1), str(TARGET), engine=DrafterEngineConfig(max_model_len=64)))
     bad = DraftStep(0, K, [SeqSlice("r", 0, 2, 0)], np.array([1, 2], np.int32))
     result = DraftResult.unpack(actor.propose(bad.pack(), np.zeros((2, 7), np.float32)))
     assert result.status is DraftStatus.FAILED and "hidden width" in result.error
@@ -197,7 +200,7 @@ def test_head_that_does_not_fit_is_refused(toy_heads):
 
     _, heads = toy_heads
     with pytest.raises(HeadConfigError, match="vocab_size 300 != the target's vocab_size 4096"):
-        DrafterActor(str(heads["eagle1"]), str(TARGET))
+        DrafterActor(DrafterSettings(str(heads["eagle1"]), str(TARGET)))
     toy_target = {"hidden_size": 64, "vocab_size": 300, "num_hidden_layers": 4}
     check_head_fits_target(load_head_spec(heads["eagle1"]), toy_target)
     with pytest.raises(HeadConfigError, match="hidden_size 64 != the target's hidden_size 128"):

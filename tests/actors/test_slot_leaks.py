@@ -9,6 +9,8 @@ are replaced to read them (``tests.actors.fake_drafters``)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -125,12 +127,15 @@ class Clock:
         return self.now
 
 
-def engine_of(toy_heads, **kw: Any):
+def engine_of(toy_heads, clock: Callable[[], float] = time.monotonic, **config: Any):
+    """An engine over the toy EAGLE-3 head, with ``config``'s ``DrafterEngineConfig`` fields (and ``clock``)."""
+    from actors.drafter.config import DrafterEngineConfig
     from actors.drafter.engine import DrafterEngine
     from actors.eagle.checkpoint import load_head
 
     target_dir, heads = toy_heads
-    return DrafterEngine(load_head(heads["eagle3"], target_dir), max_model_len=64, **kw)
+    head = load_head(heads["eagle3"], target_dir)
+    return DrafterEngine(head, DrafterEngineConfig(max_model_len=64, **config), clock=clock)
 
 
 @pytest.mark.parametrize("branches", [None, {"bonus_fanout": 2, "recovered_fanout": 1}], ids=["sync", "async"])
@@ -183,9 +188,11 @@ def test_probe_takes_no_slot_even_when_the_cache_is_full(toy_heads):
 
 def test_actor_probe_never_shows_as_a_sequence(toy_heads):
     from actors.drafter.actor import DrafterActor
+    from actors.drafter.config import DrafterEngineConfig, DrafterSettings
 
     target_dir, heads = toy_heads
-    actor = DrafterActor(str(heads["eagle1"]), str(target_dir), max_model_len=64, max_num_seqs=1)
+    actor = DrafterActor(DrafterSettings(str(heads["eagle1"]), str(target_dir),
+                                         engine=DrafterEngineConfig(max_model_len=64, max_num_seqs=1)))
     assert actor.probe() == (1, 1)
     assert actor.stats()["active_sequences"] == 0 and actor.engine.cache.slot_of == {}
     assert actor.stats()["evicted_sequences"] == 0

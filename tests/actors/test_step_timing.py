@@ -54,12 +54,13 @@ def test_worker_times_until_the_device_is_done(monkeypatch, syncs):
 
 def test_drafter_times_until_the_device_is_done(toy_heads, monkeypatch):
     """The drafter engine's compute_ms (and the actor's branch pass) wait for the engine's device."""
+    from actors.drafter.config import DrafterEngineConfig
     from actors.drafter.engine import DrafterEngine
     from actors.eagle.checkpoint import load_head
     from actors.messages import DraftStep, SeqSlice
 
     target_dir, heads = toy_heads
-    engine = DrafterEngine(load_head(heads["eagle1"], target_dir), max_model_len=64)
+    engine = DrafterEngine(load_head(heads["eagle1"], target_dir), DrafterEngineConfig(max_model_len=64))
     waited: list = []
     monkeypatch.setattr(timing, "synchronize", waited.append)
     step = DraftStep(0, 3, [SeqSlice("a", 0, 5, 0)], np.arange(5, dtype=np.int32))

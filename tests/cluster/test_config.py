@@ -10,6 +10,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from actors.drafter.branches import BranchConfig
+from actors.drafter.config import DrafterEngineConfig, DrafterSettings
 from cluster import deploy_yaml
 from cluster.config import APP_NAME, DRAFTER_APP_NAME, DrafterPoolConfig, EagleClusterConfig
 from tests.conftest import EAGLE1, EAGLE3, ROOT, TARGET
@@ -119,10 +121,23 @@ def test_grpc_stubs_are_current(tmp_path):
 
 def test_async_drafting_config():
     assert _pool().async_drafting.for_drafter() is None  # off by default
-    assert _pool(async_drafting={"enabled": True}).async_drafting.for_drafter() == {
-        "bonus_fanout": 2, "recovered_fanout": 1, "max_branch_rows": 32}
+    assert _pool(async_drafting={"enabled": True}).async_drafting.for_drafter() == BranchConfig(
+        bonus_fanout=2, recovered_fanout=1, max_branch_rows=32)
     assert "bonus_fanout" in _pool_error(async_drafting={"enabled": True, "bonus_fanout": 0})
     assert "max_branch_rows" in _pool_error(async_drafting={"enabled": True, "max_branch_rows": -1})
+
+
+def test_pool_builds_the_drafter_settings():
+    """One validated pool config gives the drafter's frozen settings, every field mapped (what each replica binds)."""
+    pool = _pool(max_model_len=256, num_threads=2, cpu_affinity=[1, 3], dtype="float32", max_num_seqs=8,
+                 kv_cache_gib=1.5, idle_slot_ttl_s=60, max_speculative_tokens=5,
+                 async_drafting={"enabled": True, "bonus_fanout": 3})
+    branches = BranchConfig(bonus_fanout=3, recovered_fanout=1, max_branch_rows=32)
+    assert pool.for_drafter() == DrafterSettings(
+        pool.head, pool.target, DrafterEngineConfig(max_model_len=256, max_num_seqs=8, kv_cache_gib=1.5,
+                                                    idle_slot_ttl_s=60, max_k=5, branches=branches),
+        num_threads=2, cpu_affinity=(1, 3), dtype="float32")
+    assert _pool().for_drafter().engine == DrafterEngineConfig()  # the pool's defaults are the engine's
 
 
 def test_drafter_cpu_affinity_is_checked():
@@ -202,17 +217,22 @@ def test_admission_limits_name_the_field(field):
 
 
 def test_drafter_engine_options():
-    """dtype, slot cap and memory cap reach ``DrafterActor`` as its keyword arguments (``auto``: it decides)."""
+    """dtype, slot cap and memory cap reach ``DrafterActor`` in the settings the pool builds (``auto``: it decides);
+    the actor takes those settings whole."""
     import inspect
 
     from actors.drafter.actor import DrafterActor
 
-    assert _pool().for_engine() == {"dtype": None, "max_num_seqs": 1024, "kv_cache_gib": None, "idle_slot_ttl_s": 300,
-                                    "max_k": 16}
+    default = _pool().for_drafter()
+    assert default.dtype is None
+    assert (default.engine.max_num_seqs, default.engine.kv_cache_gib, default.engine.idle_slot_ttl_s,
+            default.engine.max_k) == (1024, None, 300, 16)
     opts = _pool(dtype="bfloat16", max_num_seqs=64, kv_cache_gib=2.5, idle_slot_ttl_s=None,
-                 max_speculative_tokens=4).for_engine()
-    assert opts == {"dtype": "bfloat16", "max_num_seqs": 64, "kv_cache_gib": 2.5, "idle_slot_ttl_s": None, "max_k": 4}
-    assert set(opts) <= set(inspect.signature(DrafterActor).parameters)
+                 max_speculative_tokens=4).for_drafter()
+    assert opts.dtype == "bfloat16"
+    assert (opts.engine.max_num_seqs, opts.engine.kv_cache_gib, opts.engine.idle_slot_ttl_s,
+            opts.engine.max_k) == (64, 2.5, None, 4)
+    assert inspect.signature(DrafterActor).parameters["settings"].annotation in (DrafterSettings, "DrafterSettings")
     for bad in ({"dtype": "int8"}, {"max_num_seqs": 0}, {"kv_cache_gib": 0}, {"idle_slot_ttl_s": 0},
                 {"max_speculative_tokens": 17}):
         assert next(iter(bad)) in _pool_error(**bad)
