@@ -28,7 +28,6 @@ were precomputed), and ``after_step`` does the rest off the critical path: ``act
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,12 +44,13 @@ from actors.eagle.layers import sdpa_attend
 from actors.messages import (
     MAX_SPECULATIVE_TOKENS,
     BadStep,
+    BranchTable,
     DraftResult,
     DraftStatus,
     DraftStep,
-    SeqRole,
 )
 from actors.timing import ms_since
+from actors.wire import decode_hidden
 
 
 @dataclass
@@ -406,9 +406,7 @@ class DrafterEngine:
         """The step's multimodal rows and embeddings on the device (None for a text-only step)."""
         if not step.num_mm_rows:
             return None
-        emb = torch.from_numpy(np.array(step.mm_embeds))  # a copy: the message's buffer is read-only
-        if step.hidden_dtype == "bfloat16":
-            emb = emb.view(torch.bfloat16)
+        emb = decode_hidden(step.mm_embeds, step.hidden_dtype, copy=True)  # the message's buffer is read-only
         rows = torch.from_numpy(np.asarray(step.mm_rows, dtype=np.int64)).to(self.device)
         return rows, emb.to(self.device, self.dtype)
 
@@ -547,21 +545,8 @@ class DrafterEngine:
             return Proposal(drafts, cold)
 
         drafts = torch.zeros(num_seqs, k, dtype=torch.long)
-        hits, hit_drafts, context, misses, lookups = [], [], [], [], 0
-        for i, s in enumerate(step.seqs):
-            if s.role is SeqRole.CONTEXT:
-                context.append(i)
-                continue
-            entry = self.branch_table.get(s.req_id)
-            found = None
-            if entry is not None and entry.last_position + 1 == s.start_position:
-                lookups += 1
-                found = entry.lookup(s.start_position, step.input_ids[s.start : s.start + s.num_tokens].tolist())
-            if found is not None and len(found) == k:
-                hits.append(i)
-                hit_drafts.append(found)
-            else:
-                misses.append(i)
+        found = BranchTable(self.branch_table).lookup(step)
+        hits, misses, context = found.hits, found.misses, found.context
         cold, pending = 0, _Pending(k)
         if misses:
             sub, rows = step.select(misses)
@@ -570,14 +555,14 @@ class DrafterEngine:
             drafts[misses] = torch.stack(miss_chain.tokens, dim=1).cpu()
             pending.chains.append(miss_chain)
         if hits:
-            drafts[hits] = torch.tensor(hit_drafts, dtype=torch.long)
+            drafts[hits] = torch.tensor(found.drafts, dtype=torch.long)
             sub, rows = step.select(hits)
             pending.fold = _Rows(sub, hidden[torch.from_numpy(rows)].clone(), drafts[hits])
         if context:
             sub, rows = step.select(context)
             pending.context = _Rows(sub, hidden[torch.from_numpy(rows)].clone())
         self._pending = pending if precompute else None
-        return Proposal(drafts, cold, hits, lookups)
+        return Proposal(drafts, cold, hits, found.lookups)
 
     @torch.inference_mode()
     def after_step(self) -> dict[str, BranchEntry]:
@@ -603,12 +588,7 @@ class DrafterEngine:
         ``DraftStep.check_hidden``)."""
         start = time.perf_counter()
         step.check_hidden(hidden)
-        with warnings.catch_warnings():  # a read-only view of the object store: we never write to it
-            warnings.simplefilter("ignore", UserWarning)
-            h = torch.from_numpy(hidden)
-        if step.hidden_dtype == "bfloat16":
-            h = h.view(torch.bfloat16)
-        p = self.propose_tensors(step, h, precompute)
+        p = self.propose_tensors(step, decode_hidden(hidden, step.hidden_dtype), precompute)
         hit, miss = self.take_prefix_counts()
         return DraftResult(
             step.step_id, DraftStatus.OK, p.drafts.to(torch.int32).cpu().numpy(), ms_since(start, self.device),
