@@ -49,7 +49,7 @@ def test_worker_times_until_the_device_is_done(monkeypatch, syncs):
     w.sample_tokens(None)
     assert log == ["forward", "sync", "sample", "sync"]
     assert syncs == [torch.device("cuda", 2)] * 2
-    assert (len(w._forward_ms), len(w._sample_ms)) == (1, 1)
+    assert (len(w.split.forward_ms), len(w.split.sample_ms)) == (1, 1)
 
 
 def test_drafter_times_until_the_device_is_done(toy_heads, monkeypatch):
