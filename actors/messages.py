@@ -429,8 +429,8 @@ class DraftResult(_Message):
     active_sequences: int = wire(INT, default=0)  # sequences the drafter holds draft state for, after this step
     cold_sequences: int = wire(INT, default=0)  # first seen mid-stream (re-homed): drafted without earlier context
     branch_lookups: int = wire(INT, default=0)  # sequences that had drafts precomputed for this step (async)
-    hit_rows: list[int] = wire(INTS, default_factory=list)  # sequences (rows) answered from those drafts: the hits
-    full_rows: list[int] = wire(INTS, default_factory=list)  # sequences with no room here: placeholder drafts
+    hit_seqs: list[int] = wire(INTS, default_factory=list)  # sequences (indices) answered from those: the hits
+    full_seqs: list[int] = wire(INTS, default_factory=list)  # sequences with no room here: placeholder drafts
     # Prefix caching: of the positions vLLM skipped (a prefix-cache hit: a sequence's first step at P > 0), those
     # this drafter found in its own prefix cache (hit) and those it lacked (miss), since its last result.
     prefix_hit_tokens: int = wire(INT, default=0)
@@ -438,7 +438,7 @@ class DraftResult(_Message):
 
     @property
     def branch_hits(self) -> int:
-        return len(self.hit_rows)
+        return len(self.hit_seqs)
 
 
 def _branches(value: object, name: str) -> dict[tuple[int, int], list[int]]:

@@ -3,13 +3,13 @@
 It runs one call at a time, in the order each caller sent them (a Ray actor with ``max_concurrency=1``), so a
 verifier can send a step and not wait for it: everything it sends later is handled after it.
 
-- ``propose(step_bytes, hidden)``: answer a ``DraftStep``; ``hidden`` arrives as a numpy array (Ray inlines a
+- ``draft_step(step_bytes, hidden)``: answer a ``DraftStep``; ``hidden`` arrives as a numpy array (Ray inlines a
   small one into the call, and passes a large one through the object store). Errors come back as a ``FAILED``
   result, so the verifier carries on without drafts: a malformed or out-of-bounds step (``BadStep``, from
   unpacking or validation) with the reason, anything else with a short traceback.
 - ``branches(req_ids)``: with asynchronous drafting, the engine's ``after_step`` (fold the step's real hidden
   states, draft the next step's branches), answered with a ``BranchTable`` of those sequences. The verifier
-  calls it right after each ``propose`` without waiting, and keeps the reply's object ref for its next step.
+  calls it right after each ``draft_step`` without waiting, and keeps the reply's object ref for its next step.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class DrafterActor:
         """``max_k``: the most draft tokens a step may ask for (more: a ``FAILED`` answer).
         ``cpu_affinity``: bind this process to these cores (a drafter with cores of its own).
         ``max_num_seqs`` / ``kv_cache_gib``: the most sequences the draft KV cache holds, and its memory cap;
-        sequences past either get no drafts (``DraftResult.full_rows``), never an error. ``idle_slot_ttl_s``: a
+        sequences past either get no drafts (``DraftResult.full_seqs``), never an error. ``idle_slot_ttl_s``: a
         sequence not stepped for this long loses its slot (``DrafterEngine``; ``None``: never).
         ``prefix_cache_fraction``: the draft KV memory for the prefix cache's blocks (``DrafterEngine``; 0: none).
         ``device`` / ``dtype``: forced, or ``None`` to decide from the resources this actor was given and the head
@@ -104,12 +104,12 @@ class DrafterActor:
         """What a verifier's client needs to know about this drafter."""
         return {"drafter_id": self.drafter_id, "drafts_branches": self.engine.branch_config is not None}
 
-    def propose(self, step_bytes: bytes, hidden: np.ndarray) -> bytes:
+    def draft_step(self, step_bytes: bytes, hidden: np.ndarray) -> bytes:
         step_id = -1
         try:
             step = DraftStep.unpack(step_bytes)
             step_id = step.step_id
-            result = self.engine.propose(step, hidden)
+            result = self.engine.draft(step, hidden)
         except BadStep as e:  # the sender's fault: the reason, no traceback
             self.failures += 1
             logger.warning("drafter refused a step: %s", e)
@@ -121,7 +121,7 @@ class DrafterActor:
                                  error=traceback.format_exc(limit=3))
         self.steps += 1
         self.cold_sequences += result.cold_sequences
-        self.full_sequences += len(result.full_rows)
+        self.full_sequences += len(result.full_seqs)
         self.branch_hits += result.branch_hits
         self.branch_lookups += result.branch_lookups
         self.compute_ms.append(result.compute_ms)

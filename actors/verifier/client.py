@@ -10,10 +10,10 @@ One step, for each home's share of the batch (``DraftStep.select``):
    call. Usually it is ready (the drafter drafted it while the verifier verified): reading it costs no call.
    If the drafter is still drafting it, the client waits for it (``wait_ms``: time the verifier waited);
 2. each sequence's real outcome is looked up in it locally (``BranchTable.lookup``); a *hit* has its drafts;
-3. the sub-step goes to the home (``propose``, the hidden rows as the call's argument: Ray inlines small arrays
+3. the sub-step goes to the home (``draft_step``, the hidden rows as the call's argument: Ray inlines small arrays
    and passes large ones through the object store), then ``branches()`` for every sequence homed there (one that
    vLLM did not schedule this step still has its branches when it is back); neither is waited for, unless enough
-   of the step missed (``wait_for_misses``): then the client waits for ``propose``'s drafts of the misses.
+   of the step missed (``wait_for_misses``): then the client waits for ``draft_step``'s drafts of the misses.
    Otherwise the misses get no drafts this step (undrafted, below) and are sent as
    ``SeqRole.CONTEXT``, like prompt steps: their drafter drafts their next step from the context.
 
@@ -28,7 +28,7 @@ A sequence the client has no drafts for this step (no usable drafter, its home f
 waited for, a drafter with no room) is *undrafted* (``DraftReply.undrafted``, with the reason): the proposer proposes
 no draft tokens for it, so vLLM schedules and verifies none (``actors.verifier.proposer``), rather than placeholders
 it would verify and reject. With no usable drafter at all (``usable()`` false) the proposer does not call
-``propose``: every sequence is undrafted and the verifier runs at target-only speed.
+``draft_batch``: every sequence is undrafted and the verifier runs at target-only speed.
 
 Prefix-aware homing: a new sequence whose first step carries its prompt (``DraftStep.prompts``, prefix caching)
 goes to the drafter this client last sent the longest prefix of that prompt to, block for block by the drafters' own
@@ -81,7 +81,7 @@ class Undrafted:
 
 
 @dataclass
-class ProposeTiming:
+class BatchTiming:
     ship_ms: float  # tensor to numpy, packing, sending the calls
     wait_ms: float  # blocked on drafters: branch tables not yet ready, and answers to misses
     compute_ms: float  # inside the drafter engines, for the answers waited for
@@ -96,8 +96,9 @@ class DraftReply:
     draft_token_ids: np.ndarray  # [B, k] int32
     error: str = ""
     branch_lookups: int = 0  # sequences that had a branch table entry for this step
-    hit_rows: list[int] = field(default_factory=list)  # sequences answered from their branch table
-    # row -> why it has no drafts this step (``Undrafted``): the proposer proposes none for it
+    hit_seqs: list[int] = field(default_factory=list)  # sequences (indices) answered from their branch table
+    # sequence (index into the step's seqs) -> why it has no drafts this step (``Undrafted``): the proposer
+    # proposes none for it
     undrafted: dict[int, str] = field(default_factory=dict)
 
 
@@ -111,7 +112,7 @@ class DrafterLink:
     load: int = 0  # active sequences it last reported (all verifiers)
     placed: int = 0  # sequences this client placed on it since that report
     branches_ref: Any = None  # ObjectRef of the BranchTable being drafted for the next step
-    unchecked: Any = None  # ObjectRef of the last propose() nobody waited for
+    unchecked: Any = None  # ObjectRef of the last draft_step() nobody waited for
 
     def report(self, active_sequences: int) -> None:
         self.load, self.placed = active_sequences, 0
@@ -119,7 +120,7 @@ class DrafterLink:
 
 @dataclass
 class HomePlan:
-    """One home's share of a step, from its branch table to its answer (``DraftClient.propose``'s stages)."""
+    """One home's share of a step, from its branch table to its answer (``DraftClient.draft_batch``'s stages)."""
 
     link: DrafterLink
     idx: list[int]  # its sequences: indices into the step's seqs, in the sub-step's order
@@ -127,12 +128,12 @@ class HomePlan:
     rows: np.ndarray  # [M] the step's token rows the sub-step covers (its hidden rows)
     missed: list[int]  # indices into ``sub.seqs``: sequences that missed their branch table
     waited: bool = False  # the misses' drafts are waited for this step (``_send``)
-    ref: Any = None  # ObjectRef of the propose() call sent
+    ref: Any = None  # ObjectRef of the draft_step() call sent
 
 
 @dataclass
 class _StepRun:
-    """One step in flight through ``DraftClient.propose``'s stages: the reply being filled and the time spent."""
+    """One step in flight through ``DraftClient.draft_batch``'s stages: the reply being filled and the time spent."""
 
     step: DraftStep
     req_ids: list[str]
@@ -447,7 +448,7 @@ class DraftClient:
         self._finish(req_ids)
         self._send_frees()
 
-    def propose(self, step: DraftStep, hidden: torch.Tensor) -> tuple[DraftReply, ProposeTiming]:
+    def draft_batch(self, step: DraftStep, hidden: torch.Tensor) -> tuple[DraftReply, BatchTiming]:
         """``hidden``: ``[N, fused_hidden_size]``, the step's rows. Three stages over each home's share of the step
         (a ``HomePlan``): read its branch table and look the step up in it (``_read_tables``), send the sub-step and
         ask for the next branches (``_send``), read the answers waited for (``_collect``)."""
@@ -496,14 +497,14 @@ class DraftClient:
             reply.undrafted.update({idx[j]: Undrafted.CONTEXT for j in found.context})
             for j, drafts in zip(found.hits, found.drafts, strict=True):
                 reply.draft_token_ids[idx[j]] = drafts
-                reply.hit_rows.append(idx[j])
+                reply.hit_seqs.append(idx[j])
             reply.branch_lookups += found.lookups
             run.drafted += len(sub.seqs) - len(found.context)
             plans.append(HomePlan(link, idx, sub, rows, found.misses))
         return plans
 
     def _send(self, run: _StepRun, plans: list[HomePlan]) -> None:
-        """2. Each home's sub-step (``propose``) and its next branches (``branches()``), neither waited for here.
+        """2. Each home's sub-step (``draft_step``) and its next branches (``branches()``), neither waited for here.
         The misses' drafts are waited for (``HomePlan.waited``) only when enough of the step missed (see
         ``wait_for_misses``), or their drafter drafts no branches; otherwise the misses get no drafts this step,
         and their drafter drafts their next step from the context, as for a prompt step (``SeqRole.CONTEXT``)."""
@@ -521,7 +522,7 @@ class DraftClient:
                 for j in plan.missed:
                     sub.seqs[j] = replace(sub.seqs[j], role=SeqRole.CONTEXT)
                     run.reply.undrafted[plan.idx[j]] = Undrafted.CONTEXT
-            plan.ref = link.actor.propose.remote(sub.pack(), run.array[plan.rows])
+            plan.ref = link.actor.draft_step.remote(sub.pack(), run.array[plan.rows])
             link.branches_ref = (link.actor.branches.remote(homed[link.drafter_id])
                                  if link.drafts_branches else None)
             if not plan.waited:
@@ -548,7 +549,7 @@ class DraftClient:
             finally:
                 run.wait_ms += (time.perf_counter() - t) * 1e3
             reply.draft_token_ids[plan.idx] = r.draft_token_ids
-            reply.undrafted.update({plan.idx[j]: Undrafted.FULL for j in r.full_rows})
+            reply.undrafted.update({plan.idx[j]: Undrafted.FULL for j in r.full_seqs})
             self._count_prefix(r)
             plan.link.report(r.active_sequences)
             run.compute_ms = max(run.compute_ms, r.compute_ms)
@@ -561,15 +562,15 @@ class DraftClient:
         run.reply.undrafted.update(dict.fromkeys(idx, Undrafted.FAILED))
 
     @staticmethod
-    def _end_step(run: _StepRun) -> tuple[DraftReply, ProposeTiming]:
+    def _end_step(run: _StepRun) -> tuple[DraftReply, BatchTiming]:
         reply = run.reply
         if run.errors:
             reply.status = DraftStatus.PARTIAL if len(run.errors) < run.homes else DraftStatus.FAILED
             reply.error = "; ".join(run.errors)
         for i in reply.undrafted:
             reply.draft_token_ids[i] = 0
-        reply.hit_rows.sort()
-        return reply, ProposeTiming(run.ship_ms, max(0.0, run.wait_ms - run.compute_ms), run.compute_ms,
+        reply.hit_seqs.sort()
+        return reply, BatchTiming(run.ship_ms, max(0.0, run.wait_ms - run.compute_ms), run.compute_ms,
                                     not run.waited_homes)
 
     def stats(self) -> dict[str, Any]:

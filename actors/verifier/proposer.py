@@ -44,7 +44,7 @@ from vllm.v1.utils import CpuGpuBuffer
 from actors.messages import DraftStatus, DraftStep, SeqRole, SeqSlice
 from actors.metrics import ProposerStats, SpecDecodeStats, WaitHistogram
 from actors.timing import ms_since
-from actors.verifier.client import DraftClient, ProposeTiming, Undrafted, check_drafts
+from actors.verifier.client import BatchTiming, DraftClient, Undrafted, check_drafts
 from actors.verifier.draft_length import DraftLength, FixedDraftLength, bucket, build_draft_length
 from actors.verifier.prefix import PromptAnnouncer
 from actors.wire import encode_hidden
@@ -376,13 +376,13 @@ class RemoteEagleProposer(EagleProposer):
             self.state.mm_rows_shipped += len(mm_rows)
 
     def _draft_remotely(self, step: DraftStep, hidden: torch.Tensor, batch_size: int,
-                        device: torch.device) -> tuple[torch.Tensor, ProposeTiming] | None:
+                        device: torch.device) -> tuple[torch.Tensor, BatchTiming] | None:
         """The client's drafts ``[batch_size, k]`` on ``device`` and its timing, the sequences it has none for
         undrafted; None (every sequence undrafted) when it raises: a drafter that errors or dies never fails a
         request."""
         seqs, k = step.seqs, step.num_speculative_tokens
         try:
-            reply, timing = self.client.propose(step, hidden)
+            reply, timing = self.client.draft_batch(step, hidden)
             if reply.status is not DraftStatus.OK:  # some drafter failed: its sequences get no drafts this step
                 self.state.failures += 1
                 logger.warning("drafter failed for %s of step %d (%s)",
@@ -391,7 +391,7 @@ class RemoteEagleProposer(EagleProposer):
             checked = check_drafts(np.asarray(reply.draft_token_ids), batch_size, k,
                                    getattr(self.client, "vocab_size", None))
             drafts = torch.from_numpy(checked.astype(np.int64)).to(device)
-            self._record_hits(seqs, reply.branch_lookups, reply.hit_rows)
+            self._record_hits(seqs, reply.branch_lookups, reply.hit_seqs)
         except Exception as e:
             self.state.failures += 1
             logger.warning("drafter failed at step %d (%s); this step proposes no drafts", step.step_id, e)
@@ -474,14 +474,14 @@ class RemoteEagleProposer(EagleProposer):
                                                                     strict=True)]
         return dataclass_replace(drafts, draft_token_ids=ids)
 
-    def _record_hits(self, seqs: list[SeqSlice], lookups: int, hit_rows: list[int]) -> None:
+    def _record_hits(self, seqs: list[SeqSlice], lookups: int, hit_seqs: list[int]) -> None:
         st = self.state
         st.branch_lookups += lookups
-        st.branch_hits += len(hit_rows)
-        for i in hit_rows:
+        st.branch_hits += len(hit_seqs)
+        for i in hit_seqs:
             rid = seqs[i].req_id
             st.per_request_hits[rid] = st.per_request_hits.get(rid, 0) + 1
-        self._set_source(seqs, hit_rows, "branch")
+        self._set_source(seqs, hit_seqs, "branch")
 
     def _set_source(self, seqs: list[SeqSlice], rows: list[int], source: str) -> None:
         """Where the drafts of these sequences came from (acceptance is counted by source)."""

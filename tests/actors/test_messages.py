@@ -41,7 +41,7 @@ def test_result_round_trip():
     back = DraftResult.unpack(r.pack())
     assert back.draft_token_ids.tolist() == r.draft_token_ids.tolist()
     assert (back.step_id, back.status, back.compute_ms, back.drafter_id, back.active_sequences, back.cold_sequences,
-            back.branch_lookups, back.hit_rows, back.full_rows) == (4, DraftStatus.OK, 1.5, "d1", 3, 1, 2, [0], [1])
+            back.branch_lookups, back.hit_seqs, back.full_seqs) == (4, DraftStatus.OK, 1.5, "d1", 3, 1, 2, [0], [1])
     empty = DraftResult.unpack(DraftResult(0, DraftStatus.FAILED, np.zeros((0, 0), np.int32), error="x").pack())
     assert empty.draft_token_ids.shape == (0, 0) and empty.error == "x"
 
