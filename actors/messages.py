@@ -2,7 +2,9 @@
 
 Wire format: msgpack for the small metadata (never pickle: a drafter may sit behind a network hop), and the
 target hidden states as one numpy array put once into the Ray object store (``ray.put``); the drafter gets
-the ``ObjectRef`` and reads the array zero-copy from its node's store.
+the ``ObjectRef`` and reads the array zero-copy from its node's store. How the rows are encoded into that array
+(bf16 as int16 bits) and decoded back is ``actors.wire``'s (``HIDDEN_WIRE_DTYPES``, ``encode_hidden``,
+``decode_hidden``).
 
 For a step with B sequences and N tokens in all (``hidden``: ``[N, fused_hidden_size]``), sequence i owns
 rows ``[start_i, start_i + num_tokens_i)`` of the flat arrays. Row r of sequence i sits at position
@@ -14,7 +16,8 @@ bonus / recovered token is ``c``: rows (position 7: input b, hidden h7), (positi
 
 Pipelined drafting adds a third message: after each step the drafter drafts the next step's *branches* (one per
 guessed outcome, ``actors.drafter.branches``) and answers ``DrafterActor.branches`` with a ``BranchTable``; the
-verifier keeps its object ref and, at the next step, looks each sequence's real outcome up in it locally.
+verifier keeps its object ref and, at the next step, looks each sequence's real outcome up in it locally
+(``BranchTable.lookup``, the lookup the drafter engine runs on its own table too).
 
 Images (multimodal targets): at the rows whose input token is an image position, vLLM's EAGLE heads take the
 target's merged multimodal embedding (the vision encoder's output) instead of ``embed_tokens(placeholder id)``.
@@ -42,16 +45,17 @@ import enum
 import math
 from collections.abc import Callable
 from dataclasses import Field, dataclass, field, fields
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, NamedTuple, Self
 
 import msgpack
 import numpy as np
+
+from actors.wire import HIDDEN_WIRE_DTYPES
 
 MAX_SPECULATIVE_TOKENS = 16  # the most draft tokens per step a config may ask for (SpeculativeConfig)
 MAX_STEP_SEQS = 16384  # more sequences than any verifier batch holds
 MAX_POSITION = 2**31 - 1  # positions are int32 in vLLM; rows past a drafter's max_model_len get no drafts there
 MAX_BLOCK_SIZE = 2**16  # the largest KV block size a step may name (vLLM's are 16 to 256)
-HIDDEN_WIRE_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(np.int16)}  # hidden_dtype -> array dtype
 
 
 class BadMessage(ValueError):
@@ -425,8 +429,8 @@ class DraftResult(_Message):
     active_sequences: int = wire(INT, default=0)  # sequences the drafter holds draft state for, after this step
     cold_sequences: int = wire(INT, default=0)  # first seen mid-stream (re-homed): drafted without earlier context
     branch_lookups: int = wire(INT, default=0)  # sequences that had drafts precomputed for this step (async)
-    hit_rows: list[int] = wire(INTS, default_factory=list)  # sequences (rows) answered from those drafts: the hits
-    full_rows: list[int] = wire(INTS, default_factory=list)  # sequences with no room here: placeholder drafts
+    hit_seqs: list[int] = wire(INTS, default_factory=list)  # sequences (indices) answered from those: the hits
+    full_seqs: list[int] = wire(INTS, default_factory=list)  # sequences with no room here: placeholder drafts
     # Prefix caching: of the positions vLLM skipped (a prefix-cache hit: a sequence's first step at P > 0), those
     # this drafter found in its own prefix cache (hit) and those it lacked (miss), since its last result.
     prefix_hit_tokens: int = wire(INT, default=0)
@@ -434,7 +438,7 @@ class DraftResult(_Message):
 
     @property
     def branch_hits(self) -> int:
-        return len(self.hit_rows)
+        return len(self.hit_seqs)
 
 
 def _branches(value: object, name: str) -> dict[tuple[int, int], list[int]]:
@@ -456,15 +460,33 @@ class BranchEntry:  # travels as a row: [last_position, served, [[a, y, drafts..
     served: list[int] = wire(INTS)  # T_1..T_s: the drafts proposed for the step these branches follow (s <= k)
     drafts: dict[tuple[int, int], list[int]] = wire(BRANCHES, default_factory=dict)  # (a, y) -> k draft token ids
 
+    def follows(self, start_position: int) -> bool:
+        """Whether these branches are for the step whose rows start at ``start_position`` (L + 1)."""
+        return start_position == self.last_position + 1
+
+    def branch(self, input_ids: list[int]) -> list[int] | None:
+        """The branch for the inputs of the step these branches follow (``follows``), if any."""
+        a = len(input_ids) - 1
+        if a > len(self.served) or input_ids[:a] != self.served[:a]:
+            return None
+        return self.drafts.get((a, input_ids[a]))
+
     def lookup(self, start_position: int, input_ids: list[int]) -> list[int] | None:
         """The branch for a step's rows (positions from ``start_position``, inputs ``input_ids``), if any.
 
         Worked example: L = 9, served [t1, t2]; a step shipping positions 10, 11 with inputs [t1, y] accepted
         a = 1 draft and emitted y, so it is answered by ``drafts[(1, y)]``; inputs [t2, y] match no branch."""
-        a = len(input_ids) - 1
-        if start_position != self.last_position + 1 or a > len(self.served) or input_ids[:a] != self.served[:a]:
-            return None
-        return self.drafts.get((a, input_ids[a]))
+        return self.branch(input_ids) if self.follows(start_position) else None
+
+
+class StepLookup(NamedTuple):
+    """A step's sequences (indices into its ``seqs``) as its branch table answers them (``BranchTable.lookup``)."""
+
+    hits: list[int]  # answered: a branch of the step's k drafts
+    drafts: list[list[int]]  # the k drafts of each hit, in ``hits``' order
+    misses: list[int]  # no branch for their real outcome (or none of k drafts): drafted on demand, or not at all
+    context: list[int]  # ``SeqRole.CONTEXT``: not looked up (no drafts this step)
+    lookups: int  # sequences that had branches for this step (the hits, and misses whose outcome was unguessed)
 
 
 @dataclass
@@ -476,3 +498,33 @@ class BranchTable(_Message):
     entries: dict[str, BranchEntry] = wire(_map_of(_row(BranchEntry)))
     active_sequences: int = wire(INT, default=0)  # sequences the drafter holds draft state for (all verifiers)
     compute_ms: float = wire(FLOAT, default=0.0)  # drafting the branches (and folding the step's hits)
+
+    def lookup(self, step: DraftStep) -> StepLookup:
+        """Each sequence of ``step`` looked up: its real outcome (its rows' input ids) against its branches, a hit
+        when they hold one of the step's k drafts. The one lookup, on both sides: the verifier's client (the table
+        a home answered) and the drafter engine (its own table).
+
+        Worked example: k = 2; seqs a (CONTEXT), b (positions 10, 11, inputs [t1, y]) and c (position 5, input
+        [z]); entries b: L = 9, served [t1, t2], {(1, y): [1, 2]} and c: L = 4, served [], {} -> hits [1]
+        (drafts [[1, 2]]), misses [2], context [0], lookups 2."""
+        hits: list[int] = []
+        drafts: list[list[int]] = []
+        misses: list[int] = []
+        context: list[int] = []
+        lookups = 0
+        k = step.num_speculative_tokens
+        for i, s in enumerate(step.seqs):
+            if s.role is SeqRole.CONTEXT:
+                context.append(i)
+                continue
+            entry = self.entries.get(s.req_id)
+            found = None
+            if entry is not None and entry.follows(s.start_position):
+                lookups += 1
+                found = entry.branch(step.input_ids[s.start : s.start + s.num_tokens].tolist())
+            if found is not None and len(found) == k:
+                hits.append(i)
+                drafts.append(found)
+            else:
+                misses.append(i)
+        return StepLookup(hits, drafts, misses, context, lookups)

@@ -17,7 +17,7 @@ then ``--steps`` decode steps are timed, each shipping 2 rows per sequence (one 
 token) and drafting k=3. Contexts stay below Scout's 8192-token attention chunk, so EAGLE-1 attends over all of
 it. On CUDA each step is bracketed by ``torch.cuda.synchronize``. Columns:
 
-- ``engine``: median ms per step of ``DrafterEngine.propose_tensors`` (hidden states arrive in host memory, as
+- ``engine``: median ms per step of ``DrafterEngine.draft_tensors`` (hidden states arrive in host memory, as
   they do from the verifier);
 - ``floor``: the same head's passes for the same rows, attending only to each row itself (no KV cache read or
   write, no bookkeeping): what a step costs at least;
@@ -132,7 +132,7 @@ def fill(engine: DrafterEngine, batch: int, context: int, hidden: torch.Tensor, 
     per_step = max(1, max_rows // context)
     for first in range(0, batch, per_step):
         seqs = [(f"s{b}", 0, context) for b in range(first, min(batch, first + per_step))]
-        engine.propose_tensors(*make_step(-1, seqs, engine.spec.vocab_size, hidden), precompute=False)
+        engine.draft_tensors(*make_step(-1, seqs, engine.spec.vocab_size, hidden), precompute=False)
 
 
 def self_attend(layer: int, q, k, v, positions) -> torch.Tensor:
@@ -204,7 +204,7 @@ def measure(method: str, batch: int, context: int, args: argparse.Namespace, dev
         step, h = make_step(i, [(f"s{b}", position, ROWS_PER_DECODE) for b in range(batch)], spec.vocab_size, hidden)
         sync(device)
         start = time.perf_counter()
-        engine.propose_tensors(step, h, precompute=False)
+        engine.draft_tensors(step, h, precompute=False)
         sync(device)
         if i:
             times.append((time.perf_counter() - start) * 1e3)

@@ -32,13 +32,13 @@ def make_step(step_id: int, batch: int, position: int, rows: int, k: int, width:
 def measure(method: str, batch: int, steps: int, k: int, profile: bool) -> float:
     engine = DrafterEngine.from_checkpoint(HEADS[method], TARGET, max_model_len=1032)
     width = engine.spec.fused_hidden_size
-    engine.propose_tensors(*make_step(0, batch, 0, 100, k, width))
+    engine.draft_tensors(*make_step(0, batch, 0, 100, k, width))
     times, position = [], 100
     for i in range(steps):
         step, hidden = make_step(i + 1, batch, position, 2, k, width)
         position += 2
         start = time.perf_counter()
-        engine.propose_tensors(step, hidden)
+        engine.draft_tensors(step, hidden)
         times.append((time.perf_counter() - start) * 1e3)
     if profile:
         import cProfile
@@ -47,7 +47,7 @@ def measure(method: str, batch: int, steps: int, k: int, profile: bool) -> float
         prof = cProfile.Profile()
         prof.enable()
         for i in range(100):
-            engine.propose_tensors(*make_step(steps + i + 1, batch, position + 2 * i, 2, k, width))
+            engine.draft_tensors(*make_step(steps + i + 1, batch, position + 2 * i, 2, k, width))
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(12)
     return statistics.median(times)

@@ -4,13 +4,13 @@
 It runs one call at a time, in the order each caller sent them (a Ray actor with ``max_concurrency=1``), so a
 verifier can send a step and not wait for it: everything it sends later is handled after it.
 
-- ``propose(step_bytes, hidden)``: answer a ``DraftStep``; ``hidden`` arrives as a numpy array (Ray inlines a
+- ``draft_step(step_bytes, hidden)``: answer a ``DraftStep``; ``hidden`` arrives as a numpy array (Ray inlines a
   small one into the call, and passes a large one through the object store). Errors come back as a ``FAILED``
   result, so the verifier carries on without drafts: a malformed or out-of-bounds step (``BadStep``, from
   unpacking or validation) with the reason, anything else with a short traceback.
 - ``branches(req_ids)``: with asynchronous drafting, the engine's ``after_step`` (fold the step's real hidden
   states, draft the next step's branches), answered with a ``BranchTable`` of those sequences. The verifier
-  calls it right after each ``propose`` without waiting, and keeps the reply's object ref for its next step.
+  calls it right after each ``draft_step`` without waiting, and keeps the reply's object ref for its next step.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class DrafterActor:
         GPU and the head's dtype when it has a GPU, else the CPU in float32. ``settings.engine``: the engine's
         (``DrafterEngine``): among them ``max_k``, the most draft tokens a step may ask for (more: a ``FAILED``
         answer), and ``max_num_seqs`` / ``kv_cache_gib``, the most sequences the draft KV cache holds and its
-        memory cap (sequences past either get no drafts, ``DraftResult.full_rows``, never an error)."""
+        memory cap (sequences past either get no drafts, ``DraftResult.full_seqs``, never an error)."""
         if not isinstance(settings, DrafterSettings):
             raise TypeError(f"drafter: settings must be a DrafterSettings, got {type(settings).__name__}")
         if settings.cpu_affinity:
@@ -100,12 +100,12 @@ class DrafterActor:
         """What a verifier's client needs to know about this drafter."""
         return {"drafter_id": self.drafter_id, "drafts_branches": self.engine.branch_config is not None}
 
-    def propose(self, step_bytes: bytes, hidden: np.ndarray) -> bytes:
+    def draft_step(self, step_bytes: bytes, hidden: np.ndarray) -> bytes:
         step_id = -1
         try:
             step = DraftStep.unpack(step_bytes)
             step_id = step.step_id
-            result = self.engine.propose(step, hidden)
+            result = self.engine.draft(step, hidden)
         except BadStep as e:  # the sender's fault: the reason, no traceback
             self.failures += 1
             logger.warning("drafter refused a step: %s", e)
@@ -117,7 +117,7 @@ class DrafterActor:
                                  error=traceback.format_exc(limit=3))
         self.steps += 1
         self.cold_sequences += result.cold_sequences
-        self.full_sequences += len(result.full_rows)
+        self.full_sequences += len(result.full_seqs)
         self.branch_hits += result.branch_hits
         self.branch_lookups += result.branch_lookups
         self.compute_ms.append(result.compute_ms)

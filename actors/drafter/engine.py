@@ -1,7 +1,7 @@
 """The drafter engine: proposes k draft tokens for a whole batch of sequences per verification step.
 
 Where it sits: the verifier's proposer (``actors.verifier.proposer``) sends a ``DraftStep`` and the target
-hidden states; ``DrafterEngine.propose`` returns a ``DraftResult``. No Ray, no Serve here: the Ray actor
+hidden states; ``DrafterEngine.draft`` returns a ``DraftResult``. No Ray, no Serve here: the Ray actor
 wrapper is ``actors.drafter.actor``.
 
 One step, for B sequences holding N new rows in all (see ``actors.messages`` for the row layout):
@@ -29,7 +29,6 @@ Settings: one ``actors.drafter.config.DrafterEngineConfig``, taken whole. With a
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,12 +45,13 @@ from actors.eagle.heads import DraftHead
 from actors.eagle.layers import sdpa_attend
 from actors.messages import (
     BadStep,
+    BranchTable,
     DraftResult,
     DraftStatus,
     DraftStep,
-    SeqRole,
 )
 from actors.timing import ms_since
+from actors.wire import decode_hidden
 
 
 @dataclass
@@ -148,12 +148,15 @@ class CacheAttention:
         return out[dev["row_seq"], dev["row_local"]]  # [N, heads * head_dim]
 
 
-class Proposal(NamedTuple):
+class TensorDrafts(NamedTuple):
+    """``DrafterEngine.draft_tensors``' answer: the drafts, and which sequences (indices into the step's seqs) were
+    hits or had no room."""
+
     drafts: torch.Tensor  # [B, k] int64 target token ids
     cold: int = 0  # sequences that arrived mid-stream (re-homed)
-    hit_rows: list[int] = []  # sequences answered from a precomputed branch (asynchronous drafting)
+    hit_seqs: list[int] = []  # sequences answered from a precomputed branch (asynchronous drafting)
     branch_lookups: int = 0  # sequences that had branches for this step
-    full_rows: list[int] = []  # sequences with no room here (``DrafterEngine.no_room``): placeholder drafts
+    full_seqs: list[int] = []  # sequences with no room here (``DrafterEngine.no_room``): placeholder drafts
 
 
 @dataclass
@@ -203,12 +206,12 @@ class DrafterEngine:
         ``clock``: what idle slots are timed by.
 
         ``config.branches``: asynchronous drafting (``actors.drafter.branches``); ``after_step`` then does the
-        off-critical-path work of each step, and must run before the next ``propose``.
+        off-critical-path work of each step, and must run before the next ``draft``.
 
         Room: the draft KV cache holds a dense ``max_model_len`` slot per sequence, for at most ``max_num_seqs``
         sequences and no more slots than fit in ``kv_cache_gib`` (default on CUDA: ``kv_cache_free_fraction`` of
         the memory free once the weights are loaded; on a CPU, no memory cap). Sequences beyond either limit get
-        no drafts (``Proposal.full_rows``) instead of an error or an out-of-memory. The cache grows by doubling,
+        no drafts (``TensorDrafts.full_seqs``) instead of an error or an out-of-memory. The cache grows by doubling,
         one layer's K or V at a time, so while growing it briefly holds up to 1.25x its budget (one-layer heads).
 
         ``idle_slot_ttl_s``: a sequence not stepped for this long (by ``clock``) loses its slot, checked at each
@@ -388,19 +391,19 @@ class DrafterEngine:
                     full.append(i)
         return full
 
-    def _propose_with_room(self, step: DraftStep, hidden: torch.Tensor, full: list[int], precompute: bool
-                           ) -> Proposal:
-        """``propose_tensors`` for the sequences that have room; placeholder drafts (zeros) for ``full``."""
+    def _draft_with_room(self, step: DraftStep, hidden: torch.Tensor, full: list[int], precompute: bool
+                           ) -> TensorDrafts:
+        """``draft_tensors`` for the sequences that have room; placeholder drafts (zeros) for ``full``."""
         self.free([step.seqs[i].req_id for i in full])
         refused = set(full)
         keep = [i for i in range(len(step.seqs)) if i not in refused]
         drafts = torch.zeros(len(step.seqs), step.num_speculative_tokens, dtype=torch.long)
         if not keep:
-            return Proposal(drafts, full_rows=full)
+            return TensorDrafts(drafts, full_seqs=full)
         sub, rows = step.select(keep)
-        p = self.propose_tensors(sub, hidden[torch.from_numpy(rows)], precompute)
+        p = self.draft_tensors(sub, hidden[torch.from_numpy(rows)], precompute)
         drafts[keep] = p.drafts
-        return Proposal(drafts, p.cold, [keep[i] for i in p.hit_rows], p.branch_lookups, full)
+        return TensorDrafts(drafts, p.cold, [keep[i] for i in p.hit_seqs], p.branch_lookups, full)
 
     def _pass(self, ids, hidden, batch: _Batch, mm: tuple[torch.Tensor, torch.Tensor] | None = None):
         return self.head(ids, hidden, batch.on_device["positions"], CacheAttention(self.cache, batch, self.chunks),
@@ -410,9 +413,7 @@ class DrafterEngine:
         """The step's multimodal rows and embeddings on the device (None for a text-only step)."""
         if not step.num_mm_rows:
             return None
-        emb = torch.from_numpy(np.array(step.mm_embeds))  # a copy: the message's buffer is read-only
-        if step.hidden_dtype == "bfloat16":
-            emb = emb.view(torch.bfloat16)
+        emb = decode_hidden(step.mm_embeds, step.hidden_dtype, copy=True)  # the message's buffer is read-only
         rows = torch.from_numpy(np.asarray(step.mm_rows, dtype=np.int64)).to(self.device)
         return rows, emb.to(self.device, self.dtype)
 
@@ -454,7 +455,7 @@ class DrafterEngine:
         chain.logits.append(self.head.draft_logits(out))
         chain.feats.append(fed)
 
-    def _draft(self, chain: _Chain, k: int, forced: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    def _draft_chain(self, chain: _Chain, k: int, forced: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """Choose T_1..T_k (greedy, or ``forced`` ([B, k] target ids, [B, k] draft ids)), with k - 1 passes."""
         for j in range(k):
             if forced is None:
@@ -519,12 +520,12 @@ class DrafterEngine:
         return made
 
     @torch.inference_mode()
-    def propose_tensors(
+    def draft_tensors(
         self,
         step: DraftStep,
         hidden: torch.Tensor,  # [N, fused_hidden_size]
         precompute: bool = True,
-    ) -> Proposal:
+    ) -> TensorDrafts:
         """Drafts for every sequence of the step. With branches: sequences whose outcome was precomputed are
         answered at once (hits), ``SeqRole.CONTEXT`` sequences get no drafts, the rest are drafted now, and
         ``after_step`` is left to do the rest (``precompute``). A step that does not hold up (``DraftStep.validate``)
@@ -540,48 +541,35 @@ class DrafterEngine:
         k = step.num_speculative_tokens
         num_seqs = len(step.seqs)
         if num_seqs == 0:
-            return Proposal(torch.zeros(0, k, dtype=torch.long))
+            return TensorDrafts(torch.zeros(0, k, dtype=torch.long))
         full = self.no_room(step)
         if full:
-            return self._propose_with_room(step, hidden, full, precompute)
+            return self._draft_with_room(step, hidden, full, precompute)
         if self.branch_config is None or k == 0:
             chain, cold = self._context(step, hidden)
-            self._draft(chain, k)
+            self._draft_chain(chain, k)
             drafts = torch.stack(chain.tokens, dim=1).cpu() if k else torch.zeros(num_seqs, 0, dtype=torch.long)
-            return Proposal(drafts, cold)
+            return TensorDrafts(drafts, cold)
 
         drafts = torch.zeros(num_seqs, k, dtype=torch.long)
-        hits, hit_drafts, context, misses, lookups = [], [], [], [], 0
-        for i, s in enumerate(step.seqs):
-            if s.role is SeqRole.CONTEXT:
-                context.append(i)
-                continue
-            entry = self.branch_table.get(s.req_id)
-            found = None
-            if entry is not None and entry.last_position + 1 == s.start_position:
-                lookups += 1
-                found = entry.lookup(s.start_position, step.input_ids[s.start : s.start + s.num_tokens].tolist())
-            if found is not None and len(found) == k:
-                hits.append(i)
-                hit_drafts.append(found)
-            else:
-                misses.append(i)
+        found = BranchTable(self.branch_table).lookup(step)
+        hits, misses, context = found.hits, found.misses, found.context
         cold, pending = 0, _Pending(k)
         if misses:
             sub, rows = step.select(misses)
             miss_chain, cold = self._context(sub, hidden[torch.from_numpy(rows)])
-            self._draft(miss_chain, k)
+            self._draft_chain(miss_chain, k)
             drafts[misses] = torch.stack(miss_chain.tokens, dim=1).cpu()
             pending.chains.append(miss_chain)
         if hits:
-            drafts[hits] = torch.tensor(hit_drafts, dtype=torch.long)
+            drafts[hits] = torch.tensor(found.drafts, dtype=torch.long)
             sub, rows = step.select(hits)
             pending.fold = _Rows(sub, hidden[torch.from_numpy(rows)].clone(), drafts[hits])
         if context:
             sub, rows = step.select(context)
             pending.context = _Rows(sub, hidden[torch.from_numpy(rows)].clone())
         self._pending = pending if precompute else None
-        return Proposal(drafts, cold, hits, lookups)
+        return TensorDrafts(drafts, cold, hits, found.lookups)
 
     @torch.inference_mode()
     def after_step(self) -> dict[str, BranchEntry]:
@@ -595,27 +583,22 @@ class DrafterEngine:
         if p.fold is not None:
             chain, _ = self._context(p.fold.step, p.fold.hidden)
             served = p.fold.served.to(self.device)
-            self._draft(chain, p.k, forced=(served, self.head.to_draft_ids(served)))
+            self._draft_chain(chain, p.k, forced=(served, self.head.to_draft_ids(served)))
             chains.append(chain)
         if p.context is not None:
             chain, _ = self._context(p.context.step, p.context.hidden)  # s = 0: nothing was served
             chains.append(chain)
         return self._branches(chains, p.k)
 
-    def propose(self, step: DraftStep, hidden: np.ndarray, precompute: bool = True) -> DraftResult:
-        """``propose_tensors`` for a step and its hidden states as they came over the wire (checked first:
+    def draft(self, step: DraftStep, hidden: np.ndarray, precompute: bool = True) -> DraftResult:
+        """``draft_tensors`` for a step and its hidden states as they came over the wire (checked first:
         ``DraftStep.check_hidden``)."""
         start = time.perf_counter()
         step.check_hidden(hidden)
-        with warnings.catch_warnings():  # a read-only view of the object store: we never write to it
-            warnings.simplefilter("ignore", UserWarning)
-            h = torch.from_numpy(hidden)
-        if step.hidden_dtype == "bfloat16":
-            h = h.view(torch.bfloat16)
-        p = self.propose_tensors(step, h, precompute)
+        p = self.draft_tensors(step, decode_hidden(hidden, step.hidden_dtype), precompute)
         hit, miss = self.take_prefix_counts()
         return DraftResult(
             step.step_id, DraftStatus.OK, p.drafts.to(torch.int32).cpu().numpy(), ms_since(start, self.device),
             active_sequences=self.num_active_sequences, cold_sequences=p.cold, branch_lookups=p.branch_lookups,
-            hit_rows=list(p.hit_rows), full_rows=list(p.full_rows), prefix_hit_tokens=hit, prefix_miss_tokens=miss,
+            hit_seqs=list(p.hit_seqs), full_seqs=list(p.full_seqs), prefix_hit_tokens=hit, prefix_miss_tokens=miss,
         )

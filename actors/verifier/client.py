@@ -9,11 +9,11 @@ One step, for each home's share of the batch (``DraftStep.select``):
 1. the home's ``BranchTable`` for this step: the object ref the client kept from the home's last ``branches()``
    call. Usually it is ready (the drafter drafted it while the verifier verified): reading it costs no call.
    If the drafter is still drafting it, the client waits for it (``wait_ms``: time the verifier waited);
-2. each sequence's real outcome is looked up in it locally (``BranchEntry.lookup``); a *hit* has its drafts;
-3. the sub-step goes to the home (``propose``, the hidden rows as the call's argument: Ray inlines small arrays
+2. each sequence's real outcome is looked up in it locally (``BranchTable.lookup``); a *hit* has its drafts;
+3. the sub-step goes to the home (``draft_step``, the hidden rows as the call's argument: Ray inlines small arrays
    and passes large ones through the object store), then ``branches()`` for every sequence homed there (one that
    vLLM did not schedule this step still has its branches when it is back); neither is waited for, unless enough
-   of the step missed (``wait_for_misses``): then the client waits for ``propose``'s drafts of the misses.
+   of the step missed (``wait_for_misses``): then the client waits for ``draft_step``'s drafts of the misses.
    Otherwise the misses get no drafts this step (undrafted, below) and are sent as
    ``SeqRole.CONTEXT``, like prompt steps: their drafter drafts their next step from the context.
 
@@ -28,7 +28,7 @@ A sequence the client has no drafts for this step (no usable drafter, its home f
 waited for, a drafter with no room) is *undrafted* (``DraftReply.undrafted``, with the reason): the proposer proposes
 no draft tokens for it, so vLLM schedules and verifies none (``actors.verifier.proposer``), rather than placeholders
 it would verify and reject. With no usable drafter at all (``usable()`` false) the proposer does not call
-``propose``: every sequence is undrafted and the verifier runs at target-only speed.
+``draft_batch``: every sequence is undrafted and the verifier runs at target-only speed.
 
 Prefix-aware homing: a new sequence whose first step carries its prompt (``DraftStep.prompts``, prefix caching)
 goes to the drafter this client last sent the longest prefix of that prompt to, block for block by the drafters' own
@@ -60,8 +60,9 @@ import numpy as np
 import torch
 
 from actors.drafter.prefix_cache import block_hashes
-from actors.messages import BranchEntry, BranchTable, DraftResult, DraftStatus, DraftStep, SeqRole
+from actors.messages import BranchTable, DraftResult, DraftStatus, DraftStep, SeqRole
 from actors.verifier.drafter_health import Quarantine, StepDeadline
+from actors.wire import encode_hidden
 
 logger = logging.getLogger(__name__)
 DRAFT_TIMEOUT_S = 10.0  # a draft call slower than this drafts nothing (its drafter is dropped), unless configured
@@ -80,7 +81,7 @@ class Undrafted:
 
 
 @dataclass
-class ProposeTiming:
+class BatchTiming:
     ship_ms: float  # tensor to numpy, packing, sending the calls
     wait_ms: float  # blocked on drafters: branch tables not yet ready, and answers to misses
     compute_ms: float  # inside the drafter engines, for the answers waited for
@@ -95,8 +96,9 @@ class DraftReply:
     draft_token_ids: np.ndarray  # [B, k] int32
     error: str = ""
     branch_lookups: int = 0  # sequences that had a branch table entry for this step
-    hit_rows: list[int] = field(default_factory=list)  # sequences answered from their branch table
-    # row -> why it has no drafts this step (``Undrafted``): the proposer proposes none for it
+    hit_seqs: list[int] = field(default_factory=list)  # sequences (indices) answered from their branch table
+    # sequence (index into the step's seqs) -> why it has no drafts this step (``Undrafted``): the proposer
+    # proposes none for it
     undrafted: dict[int, str] = field(default_factory=dict)
 
 
@@ -110,18 +112,42 @@ class DrafterLink:
     load: int = 0  # active sequences it last reported (all verifiers)
     placed: int = 0  # sequences this client placed on it since that report
     branches_ref: Any = None  # ObjectRef of the BranchTable being drafted for the next step
-    unchecked: Any = None  # ObjectRef of the last propose() nobody waited for
+    unchecked: Any = None  # ObjectRef of the last draft_step() nobody waited for
 
     def report(self, active_sequences: int) -> None:
         self.load, self.placed = active_sequences, 0
 
 
-def hidden_to_numpy(hidden: torch.Tensor) -> tuple[np.ndarray, str]:
-    """[N, width] tensor -> numpy (bf16 travels as its int16 bits, since numpy has no bf16)."""
-    hidden = hidden.detach()
-    if hidden.dtype == torch.bfloat16:
-        return hidden.contiguous().view(torch.int16).cpu().numpy(), "bfloat16"
-    return hidden.float().contiguous().cpu().numpy(), "float32"
+@dataclass
+class HomePlan:
+    """One home's share of a step, from its branch table to its answer (``DraftClient.draft_batch``'s stages)."""
+
+    link: DrafterLink
+    idx: list[int]  # its sequences: indices into the step's seqs, in the sub-step's order
+    sub: DraftStep  # their sub-step (``DraftStep.select``), as sent
+    rows: np.ndarray  # [M] the step's token rows the sub-step covers (its hidden rows)
+    missed: list[int]  # indices into ``sub.seqs``: sequences that missed their branch table
+    waited: bool = False  # the misses' drafts are waited for this step (``_send``)
+    ref: Any = None  # ObjectRef of the draft_step() call sent
+
+
+@dataclass
+class _StepRun:
+    """One step in flight through ``DraftClient.draft_batch``'s stages: the reply being filled and the time spent."""
+
+    step: DraftStep
+    req_ids: list[str]
+    deadline: float  # time.perf_counter() past which nothing is waited for
+    array: np.ndarray  # the step's hidden rows, as they travel (``encode_hidden``)
+    dtype: str  # their ``hidden_dtype``
+    reply: DraftReply
+    errors: list[str] = field(default_factory=list)  # one per failed home
+    homes: int = 0
+    waited_homes: int = 0  # homes whose answer was waited for
+    drafted: int = 0  # sequences whose drafts the verifier proposes (not prompt steps)
+    wait_ms: float = 0.0
+    ship_ms: float = 0.0
+    compute_ms: float = 0.0
 
 
 class BadDrafts(ValueError):
@@ -143,7 +169,7 @@ def check_drafts(drafts: Any, rows: int, k: int, vocab_size: int | None) -> np.n
 
 def check_table(table: BranchTable, vocab_size: int | None) -> BranchTable:
     """A drafter's branch table, checked as ``check_drafts`` checks drafts: every branch's ids in the vocabulary
-    (a branch shorter or longer than a step's k is only a miss, ``DraftClient.propose``)."""
+    (a branch shorter or longer than a step's k is only a miss, ``BranchTable.lookup``)."""
     for rid, entry in table.entries.items():
         for (a, y), drafts in entry.drafts.items():
             if a < 0 or not drafts:
@@ -369,19 +395,20 @@ class DraftClient:
             if hashes and rid in self.home:
                 self._remember_prefix(hashes, self.home[rid])
 
-    def _table(self, link: DrafterLink, deadline: float) -> dict[str, BranchEntry]:
-        """The branch table the drafter drafted for this step (waits if it is still drafting it)."""
+    def _table(self, link: DrafterLink, deadline: float) -> BranchTable:
+        """The branch table the drafter drafted for this step (waits if it is still drafting it); an empty one
+        when none was asked for."""
         import ray
 
         self._read_unchecked(link)
         if link.branches_ref is None:
-            return {}
+            return BranchTable({})
         ref, link.branches_ref = link.branches_ref, None
         table = BranchTable.unpack(ray.get(ref, timeout=max(0.0, deadline - time.perf_counter())))
         check_table(table, self.vocab_size)
         link.report(table.active_sequences)
         self._read_unchecked(link)  # answered before branches() was: ready now (its prefix counts)
-        return table.entries
+        return table
 
     def _read_unchecked(self, link: DrafterLink) -> None:
         """The last step's answer that nobody waited for, if it is there (a failure raises)."""
@@ -421,117 +448,130 @@ class DraftClient:
         self._finish(req_ids)
         self._send_frees()
 
-    def propose(self, step: DraftStep, hidden: torch.Tensor) -> tuple[DraftReply, ProposeTiming]:
-        """``hidden``: ``[N, fused_hidden_size]``, the step's rows."""
-        import ray
+    def draft_batch(self, step: DraftStep, hidden: torch.Tensor) -> tuple[DraftReply, BatchTiming]:
+        """``hidden``: ``[N, fused_hidden_size]``, the step's rows. Three stages over each home's share of the step
+        (a ``HomePlan``): read its branch table and look the step up in it (``_read_tables``), send the sub-step and
+        ask for the next branches (``_send``), read the answers waited for (``_collect``)."""
+        run = self._start_step(step, hidden)
+        plans = self._read_tables(run)
+        self._send(run, plans)
+        self._collect(run, [p for p in plans if p.waited])
+        return self._end_step(run)
 
+    def _start_step(self, step: DraftStep, hidden: torch.Tensor) -> _StepRun:
+        """Frees, drafters found meanwhile, homes for new sequences, the rows encoded; every sequence undrafted
+        that has no home."""
         start = time.perf_counter()
         self.deadline.step_started(start)
-        deadline = start + self.deadline.seconds()
         self._finish(step.finished)
         req_ids = [s.req_id for s in step.seqs]
         self.usable()
         self._place([rid for rid in req_ids if rid not in self.home], step)
-        array, dtype = hidden_to_numpy(hidden)
-        k = step.num_speculative_tokens
-        reply = DraftReply(DraftStatus.OK, np.zeros((len(req_ids), k), np.int32))
-        wait_ms = ship_ms = compute_ms = 0.0
-        errors: list[str] = []
-
-        # 1. Each home's branch table for this step, and each sequence's real outcome looked up in it.
-        plans: list[tuple[DrafterLink, list[int], DraftStep, np.ndarray, list[int]]] = []
-        groups = plan_groups(req_ids, self.home)
+        array, dtype = encode_hidden(hidden)
+        reply = DraftReply(DraftStatus.OK, np.zeros((len(req_ids), step.num_speculative_tokens), np.int32))
         reply.undrafted = {i: Undrafted.NO_DRAFTER for i, rid in enumerate(req_ids) if rid not in self.home}
-        drafted = 0  # sequences whose drafts the verifier proposes (not prompt steps)
+        return _StepRun(step, req_ids, start + self.deadline.seconds(), array, dtype, reply)
+
+    def _read_tables(self, run: _StepRun) -> list[HomePlan]:
+        """1. Each home's branch table for this step (``_table``: usually ready, else waited for), and each of its
+        sequences' real outcome looked up in it (``BranchTable.lookup``): the hits get their drafts now."""
+        plans = []
+        groups = plan_groups(run.req_ids, self.home)
+        run.homes = len(groups)
         for drafter_id, idx in groups:
             link = self.links[drafter_id]
             t = time.perf_counter()
             try:
-                table = self._table(link, deadline)
+                table = self._table(link, run.deadline)
             except Exception as e:
-                errors.append(f"{len(idx)} sequences: {type(e).__name__}: {str(e)[:200]}")
-                self._drop(link, [req_ids[i] for i in idx], str(e)[:200])
-                reply.undrafted.update(dict.fromkeys(idx, Undrafted.FAILED))
+                self._home_failed(run, link, idx, e)
                 continue
             finally:
-                wait_ms += (time.perf_counter() - t) * 1e3
-            sub, rows = step.select(idx)
-            sub.finished, sub.hidden_dtype = self.to_free.pop(drafter_id, []), dtype
+                run.wait_ms += (time.perf_counter() - t) * 1e3
+            sub, rows = run.step.select(idx)
+            sub.finished, sub.hidden_dtype = self.to_free.pop(drafter_id, []), run.dtype
             if not link.drafts_branches:  # no branches to draft from the context: it drafts, and we wait
                 sub.seqs = [replace(s, role=SeqRole.DRAFT) for s in sub.seqs]
-            missed = []  # positions in idx
-            for j, (i, s) in enumerate(zip(idx, sub.seqs, strict=True)):
-                if s.role is SeqRole.CONTEXT:
-                    reply.undrafted[i] = Undrafted.CONTEXT
-                    continue
-                drafted += 1
-                entry = table.get(s.req_id)
-                found = None
-                if entry is not None and entry.last_position + 1 == s.start_position:
-                    reply.branch_lookups += 1
-                    found = entry.lookup(s.start_position, sub.input_ids[s.start : s.start + s.num_tokens].tolist())
-                if found is not None and len(found) == k:
-                    reply.draft_token_ids[i] = found
-                    reply.hit_rows.append(i)
-                else:
-                    missed.append(j)
-            plans.append((link, idx, sub, rows, missed))
+            found = table.lookup(sub)
+            reply = run.reply
+            reply.undrafted.update({idx[j]: Undrafted.CONTEXT for j in found.context})
+            for j, drafts in zip(found.hits, found.drafts, strict=True):
+                reply.draft_token_ids[idx[j]] = drafts
+                reply.hit_seqs.append(idx[j])
+            reply.branch_lookups += found.lookups
+            run.drafted += len(sub.seqs) - len(found.context)
+            plans.append(HomePlan(link, idx, sub, rows, found.misses))
+        return plans
 
-        # 2. Wait for drafts made now only when enough of the step missed (see ``wait_for_misses``); otherwise
-        # the misses get no drafts this step, and their drafter drafts their next step from the context, as for a
-        # prompt step (``SeqRole.CONTEXT``).
-        num_missed = sum(len(p[4]) for p in plans)
-        wait = num_missed > self.wait_for_misses * drafted
-        waiting: list[tuple[DrafterLink, list[int], Any]] = []
+    def _send(self, run: _StepRun, plans: list[HomePlan]) -> None:
+        """2. Each home's sub-step (``draft_step``) and its next branches (``branches()``), neither waited for here.
+        The misses' drafts are waited for (``HomePlan.waited``) only when enough of the step missed (see
+        ``wait_for_misses``), or their drafter drafts no branches; otherwise the misses get no drafts this step,
+        and their drafter drafts their next step from the context, as for a prompt step (``SeqRole.CONTEXT``)."""
+        wait = sum(len(p.missed) for p in plans) > self.wait_for_misses * run.drafted
         # The branches asked for: every sequence homed on the drafter, not only this step's, so that one vLLM did
         # not schedule this step (it keeps its drafter state) finds its branches when it comes back.
         homed: dict[str, list[str]] = defaultdict(list)
         for rid, h in self.home.items():
             homed[h].append(rid)
-        for link, idx, sub, rows, missed in plans:
+        for plan in plans:
             t = time.perf_counter()
-            must_wait = bool(missed) and (wait or not link.drafts_branches)
-            if missed and not must_wait:
-                for j in missed:
+            link, sub = plan.link, plan.sub
+            plan.waited = bool(plan.missed) and (wait or not link.drafts_branches)
+            if plan.missed and not plan.waited:
+                for j in plan.missed:
                     sub.seqs[j] = replace(sub.seqs[j], role=SeqRole.CONTEXT)
-                    reply.undrafted[idx[j]] = Undrafted.CONTEXT
-            ref = link.actor.propose.remote(sub.pack(), array[rows])
+                    run.reply.undrafted[plan.idx[j]] = Undrafted.CONTEXT
+            plan.ref = link.actor.draft_step.remote(sub.pack(), run.array[plan.rows])
             link.branches_ref = (link.actor.branches.remote(homed[link.drafter_id])
                                  if link.drafts_branches else None)
-            if must_wait:
-                waiting.append((link, idx, ref))
-            else:
-                link.unchecked = ref
-            ship_ms += (time.perf_counter() - t) * 1e3
+            if not plan.waited:
+                link.unchecked = plan.ref
+            run.ship_ms += (time.perf_counter() - t) * 1e3
         self._send_frees()  # homes with finished sequences but nothing to draft this step
 
-        # 3. The answers waited for.
-        for link, idx, ref in waiting:
+    def _collect(self, run: _StepRun, waiting: list[HomePlan]) -> None:
+        """3. The answers waited for: the misses' drafts, checked (``check_drafts``)."""
+        import ray
+
+        k, reply = run.step.num_speculative_tokens, run.reply
+        run.waited_homes = len(waiting)
+        for plan in waiting:
             t = time.perf_counter()
             try:
-                r = DraftResult.unpack(ray.get(ref, timeout=max(0.0, deadline - time.perf_counter())))
+                r = DraftResult.unpack(ray.get(plan.ref, timeout=max(0.0, run.deadline - time.perf_counter())))
                 if r.status is not DraftStatus.OK:
                     raise RuntimeError(r.error or "drafter failed")
-                check_drafts(r.draft_token_ids, len(idx), k, self.vocab_size)
+                check_drafts(r.draft_token_ids, len(plan.idx), k, self.vocab_size)
             except Exception as e:  # no drafts for these sequences this step; re-homed next step
-                errors.append(f"{len(idx)} sequences: {type(e).__name__}: {str(e)[:200]}")
-                self._drop(link, [req_ids[i] for i in idx], str(e)[:200], waited=ref)
-                reply.undrafted.update(dict.fromkeys(idx, Undrafted.FAILED))
+                self._home_failed(run, plan.link, plan.idx, e, waited=plan.ref)
                 continue
             finally:
-                wait_ms += (time.perf_counter() - t) * 1e3
-            reply.draft_token_ids[idx] = r.draft_token_ids
-            reply.undrafted.update({idx[j]: Undrafted.FULL for j in r.full_rows})
+                run.wait_ms += (time.perf_counter() - t) * 1e3
+            reply.draft_token_ids[plan.idx] = r.draft_token_ids
+            reply.undrafted.update({plan.idx[j]: Undrafted.FULL for j in r.full_seqs})
             self._count_prefix(r)
-            link.report(r.active_sequences)
-            compute_ms = max(compute_ms, r.compute_ms)
-        if errors:
-            reply.status = DraftStatus.PARTIAL if len(errors) < len(groups) else DraftStatus.FAILED
-            reply.error = "; ".join(errors)
+            plan.link.report(r.active_sequences)
+            run.compute_ms = max(run.compute_ms, r.compute_ms)
+
+    def _home_failed(self, run: _StepRun, link: DrafterLink, idx: list[int], error: Exception,
+                     waited: Any = None) -> None:
+        """A home failed this step (its table, its call, its answer): its sequences get no drafts, it is dropped."""
+        run.errors.append(f"{len(idx)} sequences: {type(error).__name__}: {str(error)[:200]}")
+        self._drop(link, [run.req_ids[i] for i in idx], str(error)[:200], waited=waited)
+        run.reply.undrafted.update(dict.fromkeys(idx, Undrafted.FAILED))
+
+    @staticmethod
+    def _end_step(run: _StepRun) -> tuple[DraftReply, BatchTiming]:
+        reply = run.reply
+        if run.errors:
+            reply.status = DraftStatus.PARTIAL if len(run.errors) < run.homes else DraftStatus.FAILED
+            reply.error = "; ".join(run.errors)
         for i in reply.undrafted:
             reply.draft_token_ids[i] = 0
-        reply.hit_rows.sort()
-        return reply, ProposeTiming(ship_ms, max(0.0, wait_ms - compute_ms), compute_ms, not waiting)
+        reply.hit_seqs.sort()
+        return reply, BatchTiming(run.ship_ms, max(0.0, run.wait_ms - run.compute_ms), run.compute_ms,
+                                    not run.waited_homes)
 
     def stats(self) -> dict[str, Any]:
         return {"rehomed": self.rehomed, "homes": dict(Counter(self.home.values())), "events": list(self.events),

@@ -44,9 +44,10 @@ from vllm.v1.utils import CpuGpuBuffer
 from actors.messages import DraftStatus, DraftStep, SeqRole, SeqSlice
 from actors.metrics import ProposerStats, SpecDecodeStats, WaitHistogram
 from actors.timing import ms_since
-from actors.verifier.client import DraftClient, Undrafted, check_drafts, hidden_to_numpy
+from actors.verifier.client import BatchTiming, DraftClient, Undrafted, check_drafts
 from actors.verifier.draft_length import DraftLength, FixedDraftLength, bucket, build_draft_length
 from actors.verifier.prefix import PromptAnnouncer
+from actors.wire import encode_hidden
 
 logger = logging.getLogger(__name__)
 MAX_PER_REQUEST = 4096
@@ -96,6 +97,19 @@ class ProposerState:
     # estimated output tokens per second for the last step (0 when it has no estimate).
     speculative_tokens: list[int] = field(default_factory=list)
     estimated_goodput: float = 0.0
+    # Images: rows whose input embedding was the target's image embedding, and steps whose propose() was handed
+    # image embeddings (the runner gathered them).
+    mm_rows_shipped: int = 0
+    mm_steps: int = 0
+
+    def reset_measurements(self) -> None:
+        """Forget the timings, the per-request tables and the branch counters (``eagle_cluster_reset_stats``, between
+        a benchmark's runs); the other counters and the drafts awaiting their step stay."""
+        self.timings.clear()
+        self.per_request.clear()
+        self.per_request_hits.clear()
+        self.by_source.clear()
+        self.branch_lookups = self.branch_hits = 0
 
     def stats(self, client: dict | None = None, counters_only: bool = False) -> ProposerStats:
         """``counters_only``: without the per-request tables (what ``/metrics`` reads)."""
@@ -122,6 +136,43 @@ def step_rows(
     return starts[seq] + offsets, counts
 
 
+def step_seqs(
+    req_ids: list[str],  # [batch_size], in the runner's batch order
+    query_start_loc: torch.Tensor,  # [batch_size + 1] (cpu)
+    last_rows: torch.Tensor,  # [batch_size] row of each sequence's last accepted token (cpu)
+    positions: torch.Tensor,  # [num_tokens] target_positions (any device)
+) -> tuple[torch.Tensor, list[SeqSlice]]:  # ([num_kept] rows to ship (cpu), each sequence's slice of them)
+    """The rows a step ships (``step_rows``) and the ``SeqSlice`` of each sequence over them (role ``DRAFT``;
+    ``RemoteEagleProposer._prompt_roles`` marks prompt steps).
+
+    Worked example: req_ids [a, b], query_start_loc [0, 4, 5], last rows [1, 4], positions [7, 8, 9, 10, 3] -> rows
+    [0, 1, 4]; a: start 0, 2 rows from position 7; b: start 2, 1 row from position 3."""
+    rows, counts = step_rows(query_start_loc, last_rows)
+    first = positions[rows.to(positions.device)].cpu()
+    offsets = (torch.cumsum(counts, 0) - counts).tolist()
+    return rows, [SeqSlice(rid, off, n, int(first[off]))
+                  for rid, off, n in zip(req_ids, offsets, counts.tolist(), strict=True)]
+
+
+def step_input_ids(
+    target_token_ids: torch.Tensor,  # [num_tokens]
+    next_token_ids: torch.Tensor,  # [batch_size] the token sampled after each sequence's last accepted one
+    query_start_loc: torch.Tensor,  # [batch_size + 1] (cpu)
+    last_rows: torch.Tensor,  # [batch_size] (cpu)
+    rows: torch.Tensor,  # [num_kept] rows shipped (``step_rows``), on target_token_ids' device
+) -> np.ndarray:  # [num_kept] int32
+    """Each shipped row's input token: the token after it, ``target_token_ids[j + 1]``, or the sampled next token
+    for each sequence's last row (EAGLE pairs token t + 1 with hidden state t).
+
+    Worked example: tokens [t0, t1, t2, t3, u0], next [n0, n1], query_start_loc [0, 4, 5], last rows [1, 4], rows
+    [0, 1, 4] -> [t1, n0, n1]."""
+    end = int(query_start_loc[-1])
+    shifted = torch.empty_like(target_token_ids[:end])
+    shifted[:-1] = target_token_ids[1:end]
+    shifted[last_rows.to(shifted.device)] = next_token_ids.to(shifted.dtype)
+    return shifted[rows].cpu().numpy().astype(np.int32)
+
+
 class RemoteEagleProposer(EagleProposer):
     def __init__(self, vllm_config, device, runner, client: DraftClient | None, is_driver: bool) -> None:
         # Of vLLM's device buffers, the inherited code the runner calls (``prepare_next_token_ids_*``,
@@ -142,9 +193,7 @@ class RemoteEagleProposer(EagleProposer):
         self.client = client
         self.is_driver = is_driver
         self.kv_cache_gid = 0
-        self.mm_rows_shipped = 0  # rows whose input embedding was the target's image embedding
         self.ship_mm_embeds = True
-        self.mm_steps = 0  # steps whose propose() was handed image embeddings (the runner gathered them)
         self.state = ProposerState()
         self._finished: set[str] = set()  # finished by the scheduler, not yet sent to the drafters
         self.draft_lengths: dict[str, int] = {}  # req_id -> draft tokens proposed this step, where fewer than k
@@ -176,8 +225,6 @@ class RemoteEagleProposer(EagleProposer):
     _mm_capable = False  # class defaults: for proposers built without __init__ (tests)
     prompts = PromptAnnouncer(0, False)
     ship_mm_embeds = True
-    mm_steps = 0
-    mm_rows_shipped = 0
 
     def _batch_has_images_ahead(self) -> bool:
         runner = getattr(self, "runner", None)
@@ -276,15 +323,7 @@ class RemoteEagleProposer(EagleProposer):
             last = qsl[1:] - 1
         else:
             last = token_indices_to_sample[:batch_size].long().cpu()
-        rows, counts = step_rows(qsl, last)
-        rows_dev = rows.to(target_token_ids.device)
-        positions = target_positions[rows_dev].cpu()
-        req_ids = list(self.runner.input_batch.req_ids[:batch_size])
-        offsets = (torch.cumsum(counts, 0) - counts).tolist()
-        seqs = [
-            SeqSlice(rid, off, n, int(positions[off]))
-            for rid, off, n in zip(req_ids, offsets, counts.tolist(), strict=True)
-        ]
+        rows, seqs = step_seqs(list(self.runner.input_batch.req_ids[:batch_size]), qsl, last, target_positions)
         finished, self._finished = sorted(self._finished), set()
         seqs, in_prefill = self._prompt_roles(seqs)
         self._account(seqs, finished, k, in_prefill)
@@ -302,41 +341,18 @@ class RemoteEagleProposer(EagleProposer):
                 self.client.free(finished)
             self._undraft(seqs, dict.fromkeys(range(len(seqs)), Undrafted.NO_DRAFTER))
             return placeholder
-        # Input token of row j is the token after it: target_token_ids[j + 1], or the sampled next token
-        # for each sequence's last row.
-        shifted = torch.empty_like(target_token_ids[: qsl[-1]])
-        shifted[:-1] = target_token_ids[1 : qsl[-1]]
-        shifted[last.to(shifted.device)] = next_token_ids[:batch_size].to(shifted.dtype)
-        input_ids = shifted[rows_dev].cpu().numpy().astype(np.int32)
+        rows_dev = rows.to(target_token_ids.device)
+        input_ids = step_input_ids(target_token_ids, next_token_ids[:batch_size], qsl, last, rows_dev)
         hidden = target_hidden_states[rows_dev]
         step = DraftStep(self.state.steps, k, seqs, input_ids, finished)
         self.prompts.attach(step, getattr(self.runner, "requests", {}))  # prefix caching: first steps carry prompts
-        # Padded layout (rows are the step's scheduled tokens), the one this project runs; vLLM gathers the image
-        # embeddings over the scheduled tokens too.
-        self.mm_steps += mm_embed_inputs is not None
-        mm_rows, mm_embeds = self._mm_rows(mm_embed_inputs, rows, int(qsl[-1]), token_indices_to_sample is not None)
-        if mm_embeds is not None:
-            step.mm_rows = mm_rows
-            step.mm_embeds, _ = hidden_to_numpy(mm_embeds.to(hidden.dtype))  # travels like the hidden rows
-            self.mm_rows_shipped += len(mm_rows)
+        self._attach_images(step, mm_embed_inputs, rows, int(qsl[-1]), token_indices_to_sample is not None,
+                            hidden.dtype)
         self.state.steps += 1
-        try:
-            result, timing = self.client.propose(step, hidden)
-            if result.status is not DraftStatus.OK:  # some drafter failed: its sequences get no drafts this step
-                self.state.failures += 1
-                logger.warning("drafter failed for %s of step %d (%s)",
-                               "all" if result.status is DraftStatus.FAILED else "part", step.step_id, result.error)
-            # Whatever client is configured, vLLM gets [batch_size, k] ids of its vocabulary.
-            checked = check_drafts(np.asarray(result.draft_token_ids), batch_size, k,
-                                   getattr(self.client, "vocab_size", None))
-            drafts = torch.from_numpy(checked.astype(np.int64)).to(placeholder.device)
-            self._record_hits(seqs, result.branch_lookups, result.hit_rows)
-        except Exception as e:  # a drafter that errors or dies never fails a request
-            self.state.failures += 1
-            logger.warning("drafter failed at step %d (%s); this step proposes no drafts", step.step_id, e)
-            self._undraft(seqs, dict.fromkeys(range(len(seqs)), Undrafted.FAILED))
+        answer = self._draft_remotely(step, hidden, batch_size, placeholder.device)
+        if answer is None:
             return placeholder
-        self._undraft(seqs, result.undrafted)
+        drafts, timing = answer
         if k_step < k:
             for s in seqs:
                 self.limit_drafts(s.req_id, k_step)
@@ -346,6 +362,43 @@ class RemoteEagleProposer(EagleProposer):
         )
         self.state.waits.observe(timing.wait_ms)  # /metrics: eagle_cluster_step_wait_seconds
         return drafts
+
+    def _attach_images(self, step: DraftStep, mm_embed_inputs, rows: torch.Tensor, num_tokens: int, padded: bool,
+                       dtype: torch.dtype) -> None:
+        """The step's image rows and embeddings (``_mm_rows``), travelling like the hidden rows (``encode_hidden``).
+        Padded layout (rows are the step's scheduled tokens), the one this project runs; vLLM gathers the image
+        embeddings over the scheduled tokens too."""
+        self.state.mm_steps += mm_embed_inputs is not None
+        mm_rows, mm_embeds = self._mm_rows(mm_embed_inputs, rows, num_tokens, padded)
+        if mm_embeds is not None:
+            step.mm_rows = mm_rows
+            step.mm_embeds, _ = encode_hidden(mm_embeds.to(dtype))
+            self.state.mm_rows_shipped += len(mm_rows)
+
+    def _draft_remotely(self, step: DraftStep, hidden: torch.Tensor, batch_size: int,
+                        device: torch.device) -> tuple[torch.Tensor, BatchTiming] | None:
+        """The client's drafts ``[batch_size, k]`` on ``device`` and its timing, the sequences it has none for
+        undrafted; None (every sequence undrafted) when it raises: a drafter that errors or dies never fails a
+        request."""
+        seqs, k = step.seqs, step.num_speculative_tokens
+        try:
+            reply, timing = self.client.draft_batch(step, hidden)
+            if reply.status is not DraftStatus.OK:  # some drafter failed: its sequences get no drafts this step
+                self.state.failures += 1
+                logger.warning("drafter failed for %s of step %d (%s)",
+                               "all" if reply.status is DraftStatus.FAILED else "part", step.step_id, reply.error)
+            # Whatever client is configured, vLLM gets [batch_size, k] ids of its vocabulary.
+            checked = check_drafts(np.asarray(reply.draft_token_ids), batch_size, k,
+                                   getattr(self.client, "vocab_size", None))
+            drafts = torch.from_numpy(checked.astype(np.int64)).to(device)
+            self._record_hits(seqs, reply.branch_lookups, reply.hit_seqs)
+        except Exception as e:
+            self.state.failures += 1
+            logger.warning("drafter failed at step %d (%s); this step proposes no drafts", step.step_id, e)
+            self._undraft(seqs, dict.fromkeys(range(len(seqs)), Undrafted.FAILED))
+            return None
+        self._undraft(seqs, reply.undrafted)
+        return drafts, timing
 
     def _prompt_roles(self, seqs: list[SeqSlice]) -> tuple[list[SeqSlice], list[bool]]:
         """(seqs with ``SeqRole.CONTEXT`` for a step whose rows end in the prompt, whether each is a partial
@@ -421,14 +474,14 @@ class RemoteEagleProposer(EagleProposer):
                                                                     strict=True)]
         return dataclass_replace(drafts, draft_token_ids=ids)
 
-    def _record_hits(self, seqs: list[SeqSlice], lookups: int, hit_rows: list[int]) -> None:
+    def _record_hits(self, seqs: list[SeqSlice], lookups: int, hit_seqs: list[int]) -> None:
         st = self.state
         st.branch_lookups += lookups
-        st.branch_hits += len(hit_rows)
-        for i in hit_rows:
+        st.branch_hits += len(hit_seqs)
+        for i in hit_seqs:
             rid = seqs[i].req_id
             st.per_request_hits[rid] = st.per_request_hits.get(rid, 0) + 1
-        self._set_source(seqs, hit_rows, "branch")
+        self._set_source(seqs, hit_seqs, "branch")
 
     def _set_source(self, seqs: list[SeqSlice], rows: list[int], source: str) -> None:
         """Where the drafts of these sequences came from (acceptance is counted by source)."""

@@ -69,17 +69,33 @@ def require_v1_runner(runner: Any) -> None:
         )
 
 
+@dataclasses.dataclass
+class StepSplit:
+    """The worker's time split of each step (for benchmarks), bounded; ``eagle_cluster_reset_stats`` clears it."""
+
+    forward_ms: deque[float] = dataclasses.field(default_factory=lambda: deque(maxlen=MAX_TIMINGS))  # execute_model
+    sample_ms: deque[float] = dataclasses.field(default_factory=lambda: deque(maxlen=MAX_TIMINGS))  # sample_tokens
+    period_ms: deque[float] = dataclasses.field(default_factory=lambda: deque(maxlen=MAX_TIMINGS))  # step to step
+    # vLLM's own drafter (colocated baselines): (batch size, rows, ms) of each propose call
+    local_propose: deque[tuple[int, int, float]] = dataclasses.field(default_factory=lambda: deque(maxlen=MAX_TIMINGS))
+
+    def clear(self) -> None:
+        for samples in (self.forward_ms, self.sample_ms, self.period_ms, self.local_propose):
+            samples.clear()
+
+    def to_dict(self) -> dict[str, list]:
+        """``forward_ms``: the target forward; ``sample_ms``: rejection sampling + propose; ``period_ms``: step to
+        step, while busy; ``local_propose``: vLLM's own drafter, (batch, rows, ms) per call."""
+        return {f.name: list(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
 class RemoteDraftWorker(_PlatformWorker):
     """The platform worker plus the remote proposer, and a time split of each step (for benchmarks)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         vllm_fixes.apply()
-        self._forward_ms: deque[float] = deque(maxlen=MAX_TIMINGS)  # execute_model: the target forward
-        self._sample_ms: deque[float] = deque(maxlen=MAX_TIMINGS)  # sample_tokens: rejection sampling + propose
-        self._period_ms: deque[float] = deque(maxlen=MAX_TIMINGS)  # from one execute_model's start to the next's
+        self.split = StepSplit()
         self._last_start: float | None = None
-        # vLLM's own drafter (colocated baselines): (batch size, rows, ms) of each propose call
-        self._local_propose: deque[tuple[int, int, float]] = deque(maxlen=MAX_TIMINGS)
         super().__init__(*args, **kwargs)
 
     def _timed(self, samples: deque[float], method, *args: Any, **kwargs: Any):
@@ -103,12 +119,12 @@ class RemoteDraftWorker(_PlatformWorker):
                 drafter.scheduler_finished(scheduler_output.finished_req_ids)
         now = time.perf_counter()
         if self._last_start is not None and scheduler_output.total_num_scheduled_tokens:
-            self._period_ms.append((now - self._last_start) * 1e3)
+            self.split.period_ms.append((now - self._last_start) * 1e3)
         self._last_start = now if scheduler_output.total_num_scheduled_tokens else None
-        return self._timed(self._forward_ms, super().execute_model, scheduler_output, *args, **kwargs)
+        return self._timed(self.split.forward_ms, super().execute_model, scheduler_output, *args, **kwargs)
 
     def sample_tokens(self, *args: Any, **kwargs: Any):
-        return self._timed(self._sample_ms, super().sample_tokens, *args, **kwargs)
+        return self._timed(self.split.sample_ms, super().sample_tokens, *args, **kwargs)
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         """The drafts vLLM's scheduler schedules for the next step (engine core: ``post_step``), each request's cut
@@ -157,25 +173,22 @@ class RemoteDraftWorker(_PlatformWorker):
         def timed(**kwargs):  # the runner passes everything by keyword
             start = time.perf_counter()
             out = propose(**kwargs)
-            self._local_propose.append((int(out.shape[0]), int(kwargs["target_token_ids"].shape[0]),
+            self.split.local_propose.append((int(out.shape[0]), int(kwargs["target_token_ids"].shape[0]),
                                         ms_since(start, getattr(self, "device", None))))
             return out
 
         return timed
 
     def eagle_cluster_stats(self) -> dict[str, Any]:
-        drafter, st, is_driver, client = self._proposer()
+        _, st, is_driver, client = self._proposer()
         return {
             "is_driver": is_driver,
             **st.stats(client).to_dict(),
             # image rows shipped, and steps that were handed image embeddings (vLLM gathered them)
-            "mm_rows_shipped": getattr(drafter, "mm_rows_shipped", 0),
-            "mm_steps": getattr(drafter, "mm_steps", 0),
+            "mm_rows_shipped": st.mm_rows_shipped,
+            "mm_steps": st.mm_steps,
             "timings": [dataclasses.asdict(t) for t in st.timings],
-            "forward_ms": list(self._forward_ms),  # execute_model: the target forward
-            "sample_ms": list(self._sample_ms),  # sample_tokens: rejection sampling + propose
-            "period_ms": list(self._period_ms),  # step to step, while busy
-            "local_propose": list(self._local_propose),  # vLLM's own drafter: (batch, rows, ms) per call
+            **self.split.to_dict(),
         }
 
     def eagle_cluster_counters(self) -> dict[str, Any]:
@@ -198,12 +211,5 @@ class RemoteDraftWorker(_PlatformWorker):
     def eagle_cluster_reset_stats(self) -> None:
         drafter = getattr(self.model_runner, "drafter", None)
         if isinstance(drafter, RemoteEagleProposer):
-            drafter.state.timings.clear()
-            drafter.state.per_request.clear()
-            drafter.state.per_request_hits.clear()
-            drafter.state.by_source.clear()
-            drafter.state.branch_lookups = drafter.state.branch_hits = 0
-        self._forward_ms.clear()
-        self._sample_ms.clear()
-        self._local_propose.clear()
-        self._period_ms.clear()
+            drafter.state.reset_measurements()
+        self.split.clear()

@@ -39,11 +39,11 @@ class FakeDrafter:
     def __init__(self, answer, free_raises: bool = False) -> None:
         self.answer, self.free_raises = answer, free_raises
         self.freed: list[str] = []
-        self.propose = Method(self._propose)
+        self.draft_step = Method(self._draft_step)
         self.free = Method(self._free)
         self.branches = Method(lambda req_ids: Ref(error=AssertionError("no branches asked of a sync drafter")))
 
-    def _propose(self, step_bytes: bytes, hidden: np.ndarray) -> Ref:
+    def _draft_step(self, step_bytes: bytes, hidden: np.ndarray) -> Ref:
         step = DraftStep.unpack(step_bytes)
         self.freed += step.finished  # as the engine does first thing
         out = self.answer(step)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from actors.messages import DraftStatus, DraftStep
-from actors.verifier.client import DraftReply, ProposeTiming
+from actors.verifier.client import BatchTiming, DraftReply
 from actors.verifier.proposer import ProposerState, RemoteEagleProposer
 
 K = 2
@@ -28,10 +28,10 @@ class Client:
     def usable(self) -> bool:
         return self.drafters > 0
 
-    def propose(self, step: DraftStep, hidden: torch.Tensor) -> tuple[DraftReply, ProposeTiming]:
+    def draft_batch(self, step: DraftStep, hidden: torch.Tensor) -> tuple[DraftReply, BatchTiming]:
         self.steps.append(step)
         drafts = np.full((len(step.seqs), step.num_speculative_tokens), 7, np.int32)
-        return DraftReply(DraftStatus.OK, drafts), ProposeTiming(0.0, 0.0, 0.0, False)
+        return DraftReply(DraftStatus.OK, drafts), BatchTiming(0.0, 0.0, 0.0, False)
 
     def free(self, req_ids: list[str]) -> None:
         self.freed += req_ids

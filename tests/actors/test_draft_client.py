@@ -49,7 +49,7 @@ def test_hits_do_not_wait_misses_do(ray_local, toy_heads):
     client = ActorDraftClient(actor)
     width = 64
     # A prompt step: placeholders at once, the drafter caches the rows and drafts branches for outcome a = 0.
-    reply, timing = client.propose(*step(0, [("s", 0, list(range(1, 12)), SeqRole.CONTEXT)], width))
+    reply, timing = client.draft_batch(*step(0, [("s", 0, list(range(1, 12)), SeqRole.CONTEXT)], width))
     assert reply.status is DraftStatus.OK and timing.all_hits and reply.undrafted == {0: "context"}
     assert not reply.draft_token_ids.any()
     entry = table_of(client).entries["s"]
@@ -58,8 +58,8 @@ def test_hits_do_not_wait_misses_do(ray_local, toy_heads):
 
     # The verifier rejected the placeholders and emitted a guessed token: a hit, answered without a call.
     (_, y), expected = next(iter(entry.drafts.items()))
-    reply, timing = client.propose(*step(1, [("s", 11, [y], SeqRole.DRAFT)], width))
-    assert timing.all_hits and reply.hit_rows == [0] and reply.branch_lookups == 1
+    reply, timing = client.draft_batch(*step(1, [("s", 11, [y], SeqRole.DRAFT)], width))
+    assert timing.all_hits and reply.hit_seqs == [0] and reply.branch_lookups == 1
     assert reply.draft_token_ids[0].tolist() == expected
     entry = table_of(client).entries["s"]  # folded, and drafted from the served drafts
     assert entry.last_position == 11 and entry.served == expected
@@ -67,13 +67,13 @@ def test_hits_do_not_wait_misses_do(ray_local, toy_heads):
 
     # An outcome nobody guessed: the client waits for drafts made on demand.
     unguessed = next(t for t in range(300) if (0, t) not in entry.drafts)
-    reply, timing = client.propose(*step(2, [("s", 12, [unguessed], SeqRole.DRAFT)], width))
-    assert not timing.all_hits and reply.hit_rows == [] and reply.status is DraftStatus.OK
+    reply, timing = client.draft_batch(*step(2, [("s", 12, [unguessed], SeqRole.DRAFT)], width))
+    assert not timing.all_hits and reply.hit_seqs == [] and reply.status is DraftStatus.OK
     assert reply.draft_token_ids.shape == (1, K)
 
     # The drafter dies: no drafts for the step, counted, never raised.
     ray.kill(actor)
-    reply, _ = client.propose(*step(3, [("s", 13, [5, 6], SeqRole.DRAFT)], width))
+    reply, _ = client.draft_batch(*step(3, [("s", 13, [5, 6], SeqRole.DRAFT)], width))
     assert reply.status is DraftStatus.FAILED and not reply.draft_token_ids.any() and reply.undrafted == {0: "failed"}
     assert [kind for _, kind, _ in client.events] == ["attached", "failed"]
 
@@ -103,16 +103,16 @@ def test_dead_home_rehomes_and_frees_go_home(ray_local, toy_heads, branches):
     client = FixedPool(actors, new_group_size=1)
     width = 3 * 64
     prompt = [("a", 0, [1, 2, 3, 4], SeqRole.CONTEXT), ("b", 0, [5, 6, 7], SeqRole.CONTEXT)]
-    reply, _ = client.propose(*step(0, prompt, width))
+    reply, _ = client.draft_batch(*step(0, prompt, width))
     assert reply.status is DraftStatus.OK
     assert len(set(client.home.values())) == 2  # one new sequence per drafter: least-loaded first
     home_a = client.home["a"]
     victim = next(a for a in actors if ray.get(a.info.remote())["drafter_id"] == home_a)
     ray.kill(victim)
-    reply, _ = client.propose(*step(1, [("a", 4, [9], SeqRole.DRAFT), ("b", 3, [8], SeqRole.DRAFT)], width))
+    reply, _ = client.draft_batch(*step(1, [("a", 4, [9], SeqRole.DRAFT), ("b", 3, [8], SeqRole.DRAFT)], width))
     assert reply.status is DraftStatus.PARTIAL and not reply.draft_token_ids[0].any()
     assert "a" not in client.home and client.lost["a"] == home_a
-    reply, timing = client.propose(*step(2, [("a", 5, [10], SeqRole.DRAFT), ("b", 4, [11], SeqRole.DRAFT)], width))
+    reply, timing = client.draft_batch(*step(2, [("a", 5, [10], SeqRole.DRAFT), ("b", 4, [11], SeqRole.DRAFT)], width))
     assert reply.status is DraftStatus.OK and client.home["a"] == client.home["b"] != home_a
     assert client.rehomed == 1 and [kind for _, kind, _ in client.events] == ["failed", "rehomed"]
     survivor = next(a for a in actors if a is not victim)
@@ -130,8 +130,8 @@ def test_branches_are_answered_by_sequence_when_verifiers_interleave(toy_heads):
                                          engine=DrafterEngineConfig(max_model_len=64, branches=BranchConfig(**ASYNC))))
     step_a, hidden_a = step(0, [("a", 0, [1, 2, 3], SeqRole.CONTEXT)], 64)
     step_b, hidden_b = step(1, [("b", 0, [4, 5], SeqRole.CONTEXT)], 64)
-    actor.propose(step_a.pack(), hidden_a.numpy())
-    actor.propose(step_b.pack(), hidden_b.numpy())  # drafts A's branches first, then leaves B's pending
+    actor.draft_step(step_a.pack(), hidden_a.numpy())
+    actor.draft_step(step_b.pack(), hidden_b.numpy())  # drafts A's branches first, then leaves B's pending
     table_a = BranchTable.unpack(actor.branches(["a"]))
     table_b = BranchTable.unpack(actor.branches(["b"]))
     assert set(table_a.entries) == {"a"} and table_a.entries["a"].last_position == 2

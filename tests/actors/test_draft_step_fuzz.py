@@ -45,7 +45,7 @@ def test_fuzzed_steps_are_refused_and_change_nothing(branches):
     failed = 0
     for _ in range(300):
         bad_bytes, bad_hidden = mutations(rng, packed, hidden)
-        result = check_answer(actor.propose(bad_bytes, bad_hidden), spec.vocab_size)
+        result = check_answer(actor.draft_step(bad_bytes, bad_hidden), spec.vocab_size)
         failed += result.status is DraftStatus.FAILED
         table = BranchTable.unpack(actor.branches(rng.choice([["a", "b"], ["a", 3, None], "ab", None, [["a"]]])))
         assert set(table.entries) <= {"a", "b"}
@@ -54,8 +54,8 @@ def test_fuzzed_steps_are_refused_and_change_nothing(branches):
     # A good step afterwards drafts what a fresh drafter drafts (new sequences: no state of the fuzzing).
     fresh = _actor(branches)
     step, hidden = good_step(spec.fused_hidden_size, ids=("c", "d"), seed=1)
-    got = DraftResult.unpack(actor.propose(step.pack(), hidden))
-    want = DraftResult.unpack(fresh.propose(step.pack(), hidden))
+    got = DraftResult.unpack(actor.draft_step(step.pack(), hidden))
+    want = DraftResult.unpack(fresh.draft_step(step.pack(), hidden))
     assert got.status is DraftStatus.OK and got.draft_token_ids.shape == (2, K)
     assert got.draft_token_ids.tolist() == want.draft_token_ids.tolist()
 
@@ -84,7 +84,7 @@ def test_each_refusal_names_the_field(change, reason):
     step, hidden = good_step(actor.engine.spec.fused_hidden_size)
     d = msgpack.unpackb(step.pack(), raw=False)
     change(d, hidden)
-    result = DraftResult.unpack(actor.propose(msgpack.packb(d, use_bin_type=True), hidden))
+    result = DraftResult.unpack(actor.draft_step(msgpack.packb(d, use_bin_type=True), hidden))
     assert result.status is DraftStatus.FAILED and re.search(reason, result.error), result.error
     assert result.step_id in (-1, 7) and actor.engine.num_active_sequences == 0
 
@@ -117,5 +117,5 @@ def test_rows_past_max_model_len_get_no_drafts_not_a_failure():
     width = actor.engine.spec.fused_hidden_size
     seqs = [SeqSlice("short", 0, 3, 0), SeqSlice("long", 3, 2, MAX_LEN + 100)]
     step = DraftStep(1, K, seqs, np.arange(5, dtype=np.int32))
-    result = DraftResult.unpack(actor.propose(step.pack(), np.zeros((5, width), np.float32)))
-    assert result.status is DraftStatus.OK and result.full_rows == [1]
+    result = DraftResult.unpack(actor.draft_step(step.pack(), np.zeros((5, width), np.float32)))
+    assert result.status is DraftStatus.OK and result.full_seqs == [1]

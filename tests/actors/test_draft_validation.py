@@ -39,12 +39,12 @@ class FakeDrafter:
     def __init__(self, name: str, answer, table=None) -> None:
         self.name, self.answer, self.table = name, answer, table
         self.steps: list[DraftStep] = []
-        self.propose = _Method(self._propose)
+        self.draft_step = _Method(self._draft_step)
         self.branches = _Method(lambda ids: self.table(ids).pack())
         self.info = _Method(lambda: {"drafter_id": name, "drafts_branches": table is not None})
         self.free = _Method(lambda ids: None)
 
-    def _propose(self, packed: bytes, hidden: np.ndarray) -> bytes:
+    def _draft_step(self, packed: bytes, hidden: np.ndarray) -> bytes:
         step = DraftStep.unpack(packed)
         self.steps.append(step)
         drafts = self.answer(step)
@@ -92,7 +92,7 @@ def good(step: DraftStep) -> np.ndarray:
 def test_bad_drafts_fail_that_drafter_only(ray_local, bad, reason):
     liar, honest = FakeDrafter("liar", bad), FakeDrafter("honest", good)
     client = Pool([liar, honest])
-    reply, _ = client.propose(*step(0, [("a", 0, [1, 2]), ("b", 0, [3])]))  # one sequence per drafter
+    reply, _ = client.draft_batch(*step(0, [("a", 0, [1, 2]), ("b", 0, [3])]))  # one sequence per drafter
     (lost,) = client.lost  # the liar's sequence
     liar_row = ["a", "b"].index(lost)
     assert reply.status is DraftStatus.PARTIAL and reason in reply.error
@@ -101,7 +101,7 @@ def test_bad_drafts_fail_that_drafter_only(ray_local, bad, reason):
     assert (reply.draft_token_ids[1 - liar_row] == 7).all()
     assert "liar" not in client.links and [kind for _, kind, _ in client.events] == ["failed"]
     # Next step: the liar's sequence moves to the honest drafter, and everything drafts.
-    reply, _ = client.propose(*step(1, [("a", 2, [4]), ("b", 1, [5])]))
+    reply, _ = client.draft_batch(*step(1, [("a", 2, [4]), ("b", 1, [5])]))
     assert reply.status is DraftStatus.OK and (reply.draft_token_ids == 7).all()
     assert set(client.home.values()) == {"honest"} and client.rehomed == 1
 
@@ -112,11 +112,11 @@ def test_bad_branch_table_fails_that_drafter(ray_local):
     drafter = FakeDrafter("d", good, table=lambda ids: table["t"])
     client = Pool([drafter])
     table["t"] = BranchTable({"a": BranchEntry(1, [], {(0, 5): [1, 2, VOCAB + 3]})})
-    reply, _ = client.propose(*step(0, [("a", 0, [1, 2])], role=SeqRole.CONTEXT))
+    reply, _ = client.draft_batch(*step(0, [("a", 0, [1, 2])], role=SeqRole.CONTEXT))
     assert reply.status is DraftStatus.OK and reply.undrafted == {0: "context"}
-    reply, timing = client.propose(*step(1, [("a", 2, [5])]))  # the guessed outcome: would be a hit
+    reply, timing = client.draft_batch(*step(1, [("a", 2, [5])]))  # the guessed outcome: would be a hit
     assert reply.status is DraftStatus.FAILED and "vocabulary" in reply.error
-    assert not reply.draft_token_ids.any() and reply.hit_rows == [] and "d" not in client.links
+    assert not reply.draft_token_ids.any() and reply.hit_seqs == [] and "d" not in client.links
 
 
 def test_check_drafts():

@@ -61,7 +61,7 @@ def drafts_on(device: str, method: str, branches: BranchConfig | None) -> list[t
     assert engine.cache.k[0].device.type == engine.head.fc.weight.device.type == device
     out = []
     for step, hidden in steps(engine.spec.fused_hidden_size):
-        drafts = engine.propose_tensors(step, hidden).drafts.tolist()
+        drafts = engine.draft_tensors(step, hidden).drafts.tolist()
         table = engine.after_step() if branches is not None else {}
         out.append((drafts, {rid: entry.drafts for rid, entry in table.items()}))
     return out

@@ -68,7 +68,7 @@ def test_batched_cached_drafts_match_recompute(toy_heads, name):
 
     # Step 1: prefill of three sequences at once.
     step, hidden = make_step(0, k, [(r, 0, full_ids[r][:n], full_hidden[r][:n]) for r, n in lengths.items()])
-    got = engine.propose_tensors(step, hidden).drafts
+    got = engine.draft_tensors(step, hidden).drafts
     for i, (r, n) in enumerate(lengths.items()):
         assert got[i].tolist() == reference_drafts(head, full_ids[r][:n], full_hidden[r][:n], k), r
 
@@ -78,7 +78,7 @@ def test_batched_cached_drafts_match_recompute(toy_heads, name):
             for r, a in accepted.items()]
     step, hidden = make_step(1, k, seqs)
     step.finished = ["c"]
-    got = engine.propose_tensors(step, hidden).drafts
+    got = engine.draft_tensors(step, hidden).drafts
     assert engine.num_active_sequences == 2
     for i, (r, a) in enumerate(accepted.items()):
         n = lengths[r] + a
@@ -86,7 +86,7 @@ def test_batched_cached_drafts_match_recompute(toy_heads, name):
 
     # Preemption: "a" comes back from position 0 with a longer prefix; the cache is overwritten by position.
     step, hidden = make_step(2, k, [("a", 0, full_ids["a"][:9], full_hidden["a"][:9])])
-    got = engine.propose_tensors(step, hidden).drafts
+    got = engine.draft_tensors(step, hidden).drafts
     assert got[0].tolist() == reference_drafts(head, full_ids["a"][:9], full_hidden["a"][:9], k)
 
 
@@ -96,7 +96,7 @@ def test_free_releases_slots(toy_heads):
     width = engine.spec.fused_hidden_size
     seqs = [(f"r{i}", 0, torch.arange(3), torch.randn(3, width)) for i in range(20)]
     step, hidden = make_step(0, 2, seqs)
-    assert engine.propose_tensors(step, hidden).drafts.shape == (20, 2)
+    assert engine.draft_tensors(step, hidden).drafts.shape == (20, 2)
     assert engine.num_active_sequences == 20
     assert engine.cache.num_slots == 32  # grew from 8
     engine.free([f"r{i}" for i in range(20)])
@@ -109,7 +109,7 @@ def test_bad_step_is_refused(toy_heads):
     engine = DrafterEngine(load_head(heads["eagle3"], target_dir), DrafterEngineConfig(max_model_len=64))
     step, hidden = make_step(0, 2, [("x", 0, torch.arange(3), torch.randn(3, 64))])  # EAGLE-3 needs 3 x 64
     with pytest.raises(ValueError, match="hidden width"):
-        engine.propose_tensors(step, hidden)
+        engine.draft_tensors(step, hidden)
 
 
 def test_rehomed_sequence_drafts_from_the_context_it_has(toy_heads):
@@ -122,16 +122,16 @@ def test_rehomed_sequence_drafts_from_the_context_it_has(toy_heads):
     g = torch.Generator().manual_seed(1)
     ids, hidden = torch.randint(0, 300, (12,), generator=g), torch.randn(12, width, generator=g)
     step, h = make_step(0, 2, [("old", 0, ids, hidden)])
-    engine.propose_tensors(step, h)
+    engine.draft_tensors(step, h)
     engine.free(["old"])
     ids2, hidden2 = torch.randint(0, 300, (3,), generator=g), torch.randn(3, width, generator=g)
     step, h = make_step(1, 2, [("moved", 9, ids2, hidden2)])  # positions 9..11, one slot: "old"'s
-    got, cold, *_ = engine.propose_tensors(step, h)
+    got, cold, *_ = engine.draft_tensors(step, h)
     assert cold == 1
     assert got[0].tolist() == reference_drafts(head, ids2, hidden2, 2, p0=9)
     # Later steps keep to the known context, and a restart from 0 makes all of it known again.
     step, h = make_step(2, 2, [("moved", 0, ids, hidden)])
-    got, cold, *_ = engine.propose_tensors(step, h)
+    got, cold, *_ = engine.draft_tensors(step, h)
     assert cold == 0 and got[0].tolist() == reference_drafts(head, ids, hidden, 2)
 
 
@@ -166,7 +166,7 @@ def test_branches_match_recompute_and_answer_hits(toy_heads, name):
     n = 11  # branches reach positions 12..17: across the chunk boundary at 16
     ids, hidden = torch.randint(0, 300, (n,), generator=g), torch.randn(n, width, generator=g)
     step, h = make_step(0, k, [("s", 0, ids, hidden)])
-    first = engine.propose_tensors(step, h)
+    first = engine.draft_tensors(step, h)
     served = first.drafts[0].tolist()
     assert served == reference_drafts(head, ids, hidden, k)  # no branches yet: drafted at once
     assert engine.branch_table == {}
@@ -187,14 +187,14 @@ def test_branches_match_recompute_and_answer_hits(toy_heads, name):
     (a, y), expected = next(((a, y), d) for (a, y), d in entry.drafts.items() if a == 1)
     rows = torch.tensor([served[0], y])
     step, h = make_step(1, k, [("s", n, rows, torch.randn(2, width, generator=g))])
-    hit = engine.propose_tensors(step, h)
-    assert (hit.hit_rows, hit.branch_lookups) == ([0], 1) and hit.drafts[0].tolist() == expected
+    hit = engine.draft_tensors(step, h)
+    assert (hit.hit_seqs, hit.branch_lookups) == ([0], 1) and hit.drafts[0].tolist() == expected
     engine.after_step()  # folds the real rows, drafts the next branches from the served ones
     assert engine.branch_table["s"].last_position == n + 1 and engine.branch_table["s"].served == expected
     # An outcome nobody guessed: a miss, drafted on demand like the synchronous engine would.
     step, h = make_step(2, k, [("s", n + 2, torch.tensor([299]), torch.randn(1, width, generator=g))])
-    miss = engine.propose_tensors(step, h)
-    assert (miss.hit_rows, miss.branch_lookups) == ([], 1) and miss.drafts.shape == (1, k)
+    miss = engine.draft_tensors(step, h)
+    assert (miss.hit_seqs, miss.branch_lookups) == ([], 1) and miss.drafts.shape == (1, k)
 
 
 def test_guesses_worked_example():
@@ -236,8 +236,8 @@ def test_context_step_caches_rows_and_drafts_outcome_zero(toy_heads, name):
     ids, hidden = torch.randint(0, 300, (n,), generator=g), torch.randn(n, head.spec.fused_hidden_size, generator=g)
     step, h = make_step(0, k, [("p", 0, ids, hidden)])
     step.seqs = [SeqSlice("p", 0, n, 0, SeqRole.CONTEXT)]
-    first = engine.propose_tensors(step, h)
-    assert not first.drafts.any() and first.hit_rows == []
+    first = engine.draft_tensors(step, h)
+    assert not first.drafts.any() and first.hit_seqs == []
     entry = engine.after_step()["p"]
     assert entry.last_position == n - 1 and entry.served == [] and len(entry.drafts) == 3
     for (a, y), drafts in entry.drafts.items():
@@ -245,8 +245,8 @@ def test_context_step_caches_rows_and_drafts_outcome_zero(toy_heads, name):
         assert continue_greedy(head, list(ids.tolist()), list(head.combine(hidden)), k, first=y) == drafts
     (_, y), expected = next(iter(entry.drafts.items()))
     step, h = make_step(1, k, [("p", n, torch.tensor([y]), torch.randn(1, head.spec.fused_hidden_size))])
-    hit = engine.propose_tensors(step, h)
-    assert hit.hit_rows == [0] and hit.drafts[0].tolist() == expected
+    hit = engine.draft_tensors(step, h)
+    assert hit.hit_seqs == [0] and hit.drafts[0].tolist() == expected
 
 
 @pytest.mark.parametrize("name", ["eagle1", "eagle3"])
@@ -266,13 +266,13 @@ def test_bfloat16_engine_matches_bfloat16_recompute(toy_heads, name):
     seqs = [(f"s{i}", 0, torch.randint(0, 300, (n,), generator=g), torch.randn(n, width, generator=g))
             for i, n in enumerate([9, 3, 12])]
     step, hidden = make_step(0, 3, seqs)
-    got = engine.propose_tensors(step, hidden).drafts  # float32 hidden from the verifier: cast on the way in
+    got = engine.draft_tensors(step, hidden).drafts  # float32 hidden from the verifier: cast on the way in
     for i, (_, _, ids, h) in enumerate(seqs):
         assert got[i].tolist() == reference_drafts(ref_head, ids, h.to(torch.bfloat16), 3)
 
     config = DrafterEngineConfig(max_model_len=64, branches=BranchConfig(bonus_fanout=2, recovered_fanout=1))
     branched = DrafterEngine(load_head(heads[name], target_dir), config, dtype=torch.bfloat16)
-    assert branched.propose_tensors(step, hidden).drafts.tolist() == got.tolist()
+    assert branched.draft_tensors(step, hidden).drafts.tolist() == got.tolist()
     assert sorted(branched.after_step()) == ["s0", "s1", "s2"]
 
 
@@ -300,6 +300,6 @@ def test_long_prompts_attend_in_blocks(toy_heads, name, monkeypatch):
     g = torch.Generator().manual_seed(3)
     seqs = [(r, 0, torch.randint(0, 300, (n,), generator=g), torch.randn(n, width, generator=g))
             for r, n in (("a", 13), ("b", 4))]  # "a" crosses two attention chunks (8)
-    got = engine.propose_tensors(*make_step(0, 3, seqs)).drafts
+    got = engine.draft_tensors(*make_step(0, 3, seqs)).drafts
     for i, (_, _, ids, h) in enumerate(seqs):
         assert got[i].tolist() == reference_drafts(head, ids, h, 3)

@@ -89,20 +89,20 @@ def test_a_hung_drafter_is_left_out_until_its_probe_answers(fake_ray):
     client.new_group_size = 8
     client.quarantine.min_hold_s = 0.0
     s, h = step_of(0, ["a"])
-    reply, _ = client.propose(s, torch.from_numpy(h))
+    reply, _ = client.draft_batch(s, torch.from_numpy(h))
     assert reply.status is DraftStatus.FAILED and "hung" in client.quarantine
     assert fake_ray["cancelled"], "the call given up on was not cancelled"
 
     # Discovery still names "hung" (its Serve replica answers): it stays out; the sequence re-homes on "other",
     # and so do new ones, though "hung" reports less load.
     s, h = step_of(1, ["a", "b"])
-    reply, _ = client.propose(s, torch.from_numpy(h))
+    reply, _ = client.draft_batch(s, torch.from_numpy(h))
     assert reply.status is DraftStatus.OK and set(client.home.values()) == {"other"}
     assert "hung" not in client.links
 
     hung.healthy, hung.answer = False, good  # answering, but its probe fails: still out
     s, h = step_of(2, ["a", "b"])
-    client.propose(s, torch.from_numpy(h))
+    client.draft_batch(s, torch.from_numpy(h))
     assert "hung" not in client.links
 
 
@@ -111,11 +111,11 @@ def test_a_recovered_drafter_is_used_again(fake_ray):
     client = Pool({"hung": (hung, 0), "other": (other, 100)})
     client.quarantine.min_hold_s = 0.0
     s, h = step_of(0, ["a"])
-    client.propose(s, torch.from_numpy(h))
+    client.draft_batch(s, torch.from_numpy(h))
     assert "hung" in client.quarantine
     hung.healthy, hung.answer = True, good  # SIGCONT: it works through its queue and answers the probe
     s, h = step_of(1, ["a", "c"])
-    reply, _ = client.propose(s, torch.from_numpy(h))
+    reply, _ = client.draft_batch(s, torch.from_numpy(h))
     assert reply.status is DraftStatus.OK and "hung" in client.links and "hung" not in client.quarantine
     assert any(kind == "readmitted" for _, kind, _ in client.events)
     assert client.home["c"] == "hung"  # the least loaded again
@@ -153,6 +153,6 @@ def test_the_step_waits_the_deadline_not_the_pool_timeout(fake_ray):
     hung.answer = hangs
     fake_ray["timeouts"].clear()
     s, h = step_of(0, ["a"])
-    client.propose(s, torch.from_numpy(h))
+    client.draft_batch(s, torch.from_numpy(h))
     waited = [t for t in fake_ray["timeouts"] if t is not None]
     assert waited and max(waited) <= 1.0 + 1e-6, waited

@@ -25,8 +25,8 @@ def test_slot_cap_refuses_new_sequences_only(toy_heads, branches):
                          DrafterEngineConfig(max_model_len=64, branches=branches))
     width = capped.spec.fused_hidden_size
     step, hidden = random_step(0, 3, [("a", 0, 5), ("b", 0, 7), ("c", 0, 4)], width)
-    got, want = capped.propose_tensors(step, hidden), free.propose_tensors(step, hidden)
-    assert got.full_rows == [2]
+    got, want = capped.draft_tensors(step, hidden), free.draft_tensors(step, hidden)
+    assert got.full_seqs == [2]
     assert got.drafts[:2].tolist() == want.drafts[:2].tolist()
     assert got.drafts[2].tolist() == [0, 0, 0]
     assert capped.num_active_sequences == capped.cache.num_slots == 2  # "c" holds nothing here
@@ -34,8 +34,8 @@ def test_slot_cap_refuses_new_sequences_only(toy_heads, branches):
     # "a" finishes: "c" (sent again from position 0) gets its slot; "b" carries on.
     step, hidden = random_step(1, 3, [("b", 7, 2), ("c", 0, 6)], width, seed=1)
     step.finished = ["a"]
-    got = capped.propose_tensors(step, hidden)
-    assert got.full_rows == []
+    got = capped.draft_tensors(step, hidden)
+    assert got.full_seqs == []
     assert capped.num_active_sequences == 2
 
 
@@ -45,12 +45,12 @@ def test_sequences_past_max_model_len_get_no_drafts(toy_heads):
     width = engine.spec.fused_hidden_size
     # k=3 drafts at positions up to last + 2: "fits" ends at 28 (reaches 30), "long" at 30 (would reach 32).
     step, hidden = random_step(0, 3, [("fits", 0, 29), ("long", 0, 31)], width)
-    got = engine.propose_tensors(step, hidden)
-    assert got.full_rows == [1] and got.drafts[1].tolist() == [0, 0, 0]
+    got = engine.draft_tensors(step, hidden)
+    assert got.full_seqs == [1] and got.drafts[1].tolist() == [0, 0, 0]
     assert engine.num_active_sequences == 1
     # A sequence drafted before that grows too long is dropped from the cache.
     step, hidden = random_step(1, 3, [("fits", 29, 2)], width)
-    assert engine.propose_tensors(step, hidden).full_rows == [0]
+    assert engine.draft_tensors(step, hidden).full_seqs == [0]
     assert engine.num_active_sequences == 0
 
 
@@ -63,7 +63,7 @@ def test_kv_cache_gib_caps_the_slots(toy_heads):
                                                      prefix_cache_fraction=0.0))
     assert engine.cache.max_slots == 3 and engine.prefix_cache_bytes == 0
     step, hidden = random_step(0, 2, [(f"s{i}", 0, 3) for i in range(5)], spec.fused_hidden_size)
-    assert engine.propose_tensors(step, hidden).full_rows == [3, 4]
+    assert engine.draft_tensors(step, hidden).full_seqs == [3, 4]
     assert sum(t.numel() * t.element_size() for t in (*engine.cache.k, *engine.cache.v)) <= 3.5 * slot
     with pytest.raises(ValueError, match="holds no sequence"):
         DrafterEngine(load_head(heads["eagle1"], target_dir),
@@ -83,16 +83,16 @@ def test_prefix_cache_takes_its_share_of_kv_cache_gib(toy_heads):
         DrafterEngine(load_head(heads["eagle1"], target_dir), DrafterEngineConfig(prefix_cache_fraction=1.0))
 
 
-def test_actor_reports_full_rows(toy_heads):
+def test_actor_reports_full_seqs(toy_heads):
     from actors.drafter.actor import DrafterActor
 
     target_dir, heads = toy_heads
     actor = DrafterActor(DrafterSettings(str(heads["eagle1"]), str(target_dir),
                                          engine=DrafterEngineConfig(max_model_len=64, max_num_seqs=1)))
     step, hidden = random_step(0, 2, [("a", 0, 3), ("b", 0, 3)], actor.engine.spec.fused_hidden_size)
-    result = DraftResult.unpack(actor.propose(step.pack(), hidden.numpy()))
+    result = DraftResult.unpack(actor.draft_step(step.pack(), hidden.numpy()))
     assert result.status is DraftStatus.OK
-    assert result.full_rows == [1] and result.draft_token_ids.shape == (2, 2)
+    assert result.full_seqs == [1] and result.draft_token_ids.shape == (2, 2)
     assert actor.stats()["full_sequences"] == 1 and actor.stats()["max_sequences"] == 1
 
 

@@ -41,7 +41,7 @@ def test_result_round_trip():
     back = DraftResult.unpack(r.pack())
     assert back.draft_token_ids.tolist() == r.draft_token_ids.tolist()
     assert (back.step_id, back.status, back.compute_ms, back.drafter_id, back.active_sequences, back.cold_sequences,
-            back.branch_lookups, back.hit_rows, back.full_rows) == (4, DraftStatus.OK, 1.5, "d1", 3, 1, 2, [0], [1])
+            back.branch_lookups, back.hit_seqs, back.full_seqs) == (4, DraftStatus.OK, 1.5, "d1", 3, 1, 2, [0], [1])
     empty = DraftResult.unpack(DraftResult(0, DraftStatus.FAILED, np.zeros((0, 0), np.int32), error="x").pack())
     assert empty.draft_token_ids.shape == (0, 0) and empty.error == "x"
 
@@ -86,3 +86,30 @@ def test_lookup_worked_example():
     assert entry.lookup(10, [t2, y]) is None
     assert entry.lookup(10, [t1, t2, y]) == [3, 4] and entry.lookup(10, [y]) == [5, 6]
     assert entry.lookup(11, [t1, y]) is None  # not the step these branches follow
+
+
+def test_table_lookup_worked_example():
+    """``BranchTable.lookup``: k = 2; a (CONTEXT), b (positions 10, 11, inputs [t1, y]), c (position 5, input [z]);
+    b: L = 9, served [t1, t2], {(1, y): [1, 2]}; c: L = 4, served [], {} -> hits [1], misses [2], context [0],
+    lookups 2."""
+    t1, t2, y, z = 11, 12, 40, 50
+    seqs = [SeqSlice("a", 0, 1, 0, SeqRole.CONTEXT), SeqSlice("b", 1, 2, 10), SeqSlice("c", 3, 1, 5)]
+    step = DraftStep(0, 2, seqs, np.array([7, t1, y, z], np.int32))
+    table = BranchTable({"b": BranchEntry(9, [t1, t2], {(1, y): [1, 2]}), "c": BranchEntry(4, [])})
+    assert table.lookup(step) == ([1], [[1, 2]], [2], [0], 2)
+    short = BranchTable({"b": BranchEntry(9, [t1, t2], {(1, y): [1]})})  # a branch of fewer than k drafts: a miss
+    assert short.lookup(step) == ([], [], [1, 2], [0], 1)
+
+
+def test_hidden_codec_worked_example():
+    """``actors.wire``: bf16 travels as its int16 bits and comes back bit for bit; float16 travels as float32."""
+    import torch
+
+    from actors.wire import HIDDEN_WIRE_DTYPES, decode_hidden, encode_hidden
+
+    h = torch.randn(2, 4).to(torch.bfloat16)
+    array, dtype = encode_hidden(h)
+    assert (dtype, array.dtype, array.shape) == ("bfloat16", HIDDEN_WIRE_DTYPES["bfloat16"], (2, 4))
+    assert torch.equal(decode_hidden(array, dtype), h) and torch.equal(decode_hidden(array, dtype, copy=True), h)
+    array, dtype = encode_hidden(h.to(torch.float16))
+    assert (dtype, array.dtype) == ("float32", np.float32) and decode_hidden(array, dtype).dtype == torch.float32

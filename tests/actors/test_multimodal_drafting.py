@@ -113,10 +113,10 @@ def test_drafter_uses_image_embeddings_where_vllm_does(toy_heads, name, branches
         if with_image:
             step.mm_rows = np.array(mm_rows, np.int32)
             step.mm_embeds = (image if embeds is None else embeds).numpy()
-        first = engine.propose_tensors(step, hid).drafts[0].tolist()
+        first = engine.draft_tensors(step, hid).drafts[0].tolist()
         # the next step (one accepted token) reads the image rows from the draft KV cache
         step2, hid2 = make_step(1, k, [("a", 12, [int(ids[0])], hidden[:1])])
-        return first, engine.propose_tensors(step2, hid2).drafts[0].tolist()
+        return first, engine.draft_tensors(step2, hid2).drafts[0].tolist()
 
     got, got_next = run(True)
     if branches is None:

@@ -100,16 +100,16 @@ def test_prefix_hit_drafts_as_from_position_zero(toy_heads, prompts_and_hidden, 
     hb = torch.cat([ha[:9], torch.randn(5, width, generator=g)])  # the target's states agree on the shared tokens
     engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=64))
     ids, h = _rows(ta, 7, ha, 0)
-    engine.propose_tensors(*_step(0, [("a", 0, ids, h, ta)]))
+    engine.draft_tensors(*_step(0, [("a", 0, ids, h, ta)]))
     assert engine.prefix_store.num_cached == 3
     ids, h = _rows(tb, 9, hb, 8)  # vLLM computed B from position 8 only
-    p = engine.propose_tensors(*_step(1, [("b", 8, ids, h, tb)]))
+    p = engine.draft_tensors(*_step(1, [("b", 8, ids, h, tb)]))
     assert p.cold == 0 and engine.take_prefix_counts() == (0 + 8, 0)
     full_ids, full_h = _rows(tb, 9, hb, 0)
     assert p.drafts[0].tolist() == reference_drafts(head, full_ids, full_h, K)
     # The next step (2 drafts accepted) still drafts from the whole context.
     more_ids, more_h = [int(t) for t in torch.randint(0, 300, (3,), generator=g)], torch.randn(3, width, generator=g)
-    p2 = engine.propose_tensors(*_step(2, [("b", 14, more_ids, more_h, None)]))
+    p2 = engine.draft_tensors(*_step(2, [("b", 14, more_ids, more_h, None)]))
     assert p2.drafts[0].tolist() == reference_drafts(head, full_ids + more_ids, torch.cat([full_h, more_h]), K)
 
 
@@ -121,16 +121,16 @@ def test_evicted_prefix_is_a_miss_and_drafts_from_what_follows(toy_heads, prompt
     ha = torch.randn(14, width, generator=g)
     hb = torch.cat([ha[:9], torch.randn(5, width, generator=g)])
     engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=64, max_num_seqs=2, prefix_cache_fraction=0.2))
-    engine.propose_tensors(*_step(0, [("a", 0, *_rows(ta, 7, ha, 0), ta)]))
+    engine.draft_tensors(*_step(0, [("a", 0, *_rows(ta, 7, ha, 0), ta)]))
     max_blocks = engine.prefix_store.max_blocks
     for i in range(max_blocks // 3 + 1):  # other prompts push A's blocks out
         other = torch.randint(0, 300, (14,), generator=g).tolist()
         engine.free([f"o{i - 1}"])
-        engine.propose_tensors(*_step(1 + i, [(f"o{i}", 0, *_rows(other, 1, torch.randn(14, width), 0), other)]))
+        engine.draft_tensors(*_step(1 + i, [(f"o{i}", 0, *_rows(other, 1, torch.randn(14, width), 0), other)]))
     engine.take_prefix_counts()
     ids, h = _rows(tb, 9, hb, 8)
     engine.free(["a"])
-    p = engine.propose_tensors(*_step(9, [("b", 8, ids, h, tb)]))
+    p = engine.draft_tensors(*_step(9, [("b", 8, ids, h, tb)]))
     assert engine.take_prefix_counts() == (0, 8) and p.cold == 0
     assert int(engine.cache.known_from[engine.cache.slot_of["b"]]) == 8
     assert p.drafts[0].tolist() == reference_drafts(head, ids, h, K, p0=8)
@@ -143,11 +143,11 @@ def test_partial_prefix_masks_the_gap(toy_heads, prompts_and_hidden):
     ta, tb, g = prompts_and_hidden
     ha = torch.randn(14, width, generator=g)
     engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=64))
-    engine.propose_tensors(*_step(0, [("a", 0, *_rows(ta, 7, ha, 0), ta)]))
+    engine.draft_tensors(*_step(0, [("a", 0, *_rows(ta, 7, ha, 0), ta)]))
     store = engine.prefix_store
     store.index.pop(block_hashes(ta, BS)[1])  # block 1 gone, block 0 kept
     hb = torch.cat([ha[:9], torch.randn(5, width, generator=g)])
-    p = engine.propose_tensors(*_step(1, [("b", 8, *_rows(tb, 9, hb, 8), tb)]))
+    p = engine.draft_tensors(*_step(1, [("b", 8, *_rows(tb, 9, hb, 8), tb)]))
     slot = engine.cache.slot_of["b"]
     assert engine.take_prefix_counts() == (4, 4) and p.drafts.shape == (1, K)
     assert (int(engine.cache.known_from[slot]), int(engine.cache.gap_lo[slot]), int(engine.cache.gap_hi[slot])) == (
@@ -170,7 +170,7 @@ def test_async_drafting_counts_prompt_steps(toy_heads, prompts_and_hidden):
     for i, (rid, p0, tokens, hidden) in enumerate([("a", 0, ta, ha), ("b", 8, tb, hb)]):
         step, rows = _step(i, [(rid, p0, *_rows(tokens, 7, hidden, p0), tokens)])
         step.seqs[0] = SeqSlice(rid, 0, step.seqs[0].num_tokens, p0, SeqRole.CONTEXT)
-        engine.propose_tensors(step, rows)
+        engine.draft_tensors(step, rows)
         engine.after_step()
     assert engine.take_prefix_counts() == (8, 0) and "b" in engine.branch_table
 

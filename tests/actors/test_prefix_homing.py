@@ -32,14 +32,14 @@ def test_new_sequences_follow_their_prefix_unless_loaded(monkeypatch):
     system = list(range(1, 9))  # two blocks
     pool = Pool({"A": (FakeDrafter(counting), 0), "B": (FakeDrafter(counting), 0)})
     pool.new_group_size = 1
-    pool.propose(*first_step(0, {"s0": system + [50]}))
+    pool.draft_batch(*first_step(0, {"s0": system + [50]}))
     home = pool.home["s0"]
-    pool.propose(*first_step(1, {"s1": system + [60], "s2": system[:4] + [70, 71, 72, 73], "x": [90] * 9}))
+    pool.draft_batch(*first_step(1, {"s1": system + [60], "s2": system[:4] + [70, 71, 72, 73], "x": [90] * 9}))
     assert pool.home["s1"] == pool.home["s2"] == home and pool.prefix_homed == 2
     assert pool.home["x"] != home  # no prefix anywhere: the least-loaded drafter
     pool.prefix_max_load = 3
     pool.links[home].load = 3  # as the home last reported: loaded to the target, so the next goes elsewhere
-    pool.propose(*first_step(2, {"s3": system + [80]}))
+    pool.draft_batch(*first_step(2, {"s3": system + [80]}))
     assert pool.home["s3"] != home
     stats = pool.stats()
     assert stats["prefix_hit_tokens"] == BS * 5 and stats["prefix_miss_tokens"] == 4  # 5 prompts, 4 answers
@@ -52,9 +52,9 @@ def test_a_dropped_drafter_is_not_chosen_by_prefix(monkeypatch):
     fake_ray(monkeypatch)
     system = list(range(1, 9))
     pool = Pool({"A": (FakeDrafter(counting), 0), "B": (FakeDrafter(counting), 5)})
-    pool.propose(*first_step(0, {"s0": system}))
+    pool.draft_batch(*first_step(0, {"s0": system}))
     assert pool.home["s0"] == "A"
     pool.drafters.pop("A")
     pool._drop(pool.links["A"], ["s0"], "gone")
-    pool.propose(*first_step(1, {"s1": system + [9]}))
+    pool.draft_batch(*first_step(1, {"s1": system + [9]}))
     assert pool.home["s1"] == "B" and pool.prefix_homed == 0

@@ -1,12 +1,14 @@
-"""The verifier's proposer without vLLM: the docstrings' worked examples (``step_rows``; the row pairing in
-``actors.messages``) and per-request acceptance (``_account``) over hand-built steps."""
+"""The verifier's proposer without vLLM: the docstrings' worked examples (``step_rows``, ``step_seqs``,
+``step_input_ids``; the row pairing in ``actors.messages``) and per-request acceptance (``_account``) over
+hand-built steps."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from actors.messages import SeqSlice
-from actors.verifier.proposer import SentDrafts, step_rows
+from actors.verifier.proposer import SentDrafts, step_input_ids, step_rows, step_seqs
 from tests.actors.fake_proposer import proposer, run_step
 
 
@@ -14,6 +16,23 @@ def test_step_rows_worked_example():
     """query_start_loc [0, 4, 5], last rows [1, 4] -> keep rows [0, 1, 4], counts [2, 1]."""
     rows, counts = step_rows(torch.tensor([0, 4, 5]), torch.tensor([1, 4]))
     assert rows.tolist() == [0, 1, 4] and counts.tolist() == [2, 1]
+
+
+def test_step_seqs_worked_example():
+    """req_ids [a, b], query_start_loc [0, 4, 5], last rows [1, 4], positions [7, 8, 9, 10, 3] -> rows [0, 1, 4];
+    a: start 0, 2 rows from position 7; b: start 2, 1 row from position 3."""
+    rows, seqs = step_seqs(["a", "b"], torch.tensor([0, 4, 5]), torch.tensor([1, 4]), torch.tensor([7, 8, 9, 10, 3]))
+    assert rows.tolist() == [0, 1, 4]
+    assert seqs == [SeqSlice("a", 0, 2, 7), SeqSlice("b", 2, 1, 3)]
+
+
+def test_step_input_ids_worked_example():
+    """tokens [t0, t1, t2, t3, u0], next [n0, n1], query_start_loc [0, 4, 5], last rows [1, 4], rows [0, 1, 4]
+    -> [t1, n0, n1]."""
+    t0, t1, t2, t3, u0, n0, n1 = 10, 11, 12, 13, 20, 90, 91
+    ids = step_input_ids(torch.tensor([t0, t1, t2, t3, u0]), torch.tensor([n0, n1]), torch.tensor([0, 4, 5]),
+                         torch.tensor([1, 4]), torch.tensor([0, 1, 4]))
+    assert ids.dtype == np.int32 and ids.tolist() == [t1, n0, n1]
 
 
 def test_rows_pair_each_position_with_the_token_after_it():

@@ -189,7 +189,7 @@ def test_drafter_step_error_is_reported_not_raised(tmp_path):
 
     actor = DrafterActor(DrafterSettings(str(EAGLE1), str(TARGET), engine=DrafterEngineConfig(max_model_len=64)))
     bad = DraftStep(0, K, [SeqSlice("r", 0, 2, 0)], np.array([1, 2], np.int32))
-    result = DraftResult.unpack(actor.propose(bad.pack(), np.zeros((2, 7), np.float32)))
+    result = DraftResult.unpack(actor.draft_step(bad.pack(), np.zeros((2, 7), np.float32)))
     assert result.status is DraftStatus.FAILED and "hidden width" in result.error
     assert actor.stats()["failures"] == 1
 

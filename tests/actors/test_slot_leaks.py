@@ -45,7 +45,7 @@ def test_dropped_drafter_is_told_to_free_what_it_held(answer):
     client = Pool({"sick": (sick, 0), "healthy": (healthy, 100)})  # new sequences go to the least loaded: sick
     client.new_group_size = 8
     s, h = step_of(0, ["a", "b"])
-    reply, _ = client.propose(s, torch.from_numpy(h))
+    reply, _ = client.draft_batch(s, torch.from_numpy(h))
     assert reply.status is DraftStatus.FAILED
     assert sorted(sick.freed) == ["a", "b"]  # freed on the home they lost, not only forgotten here
     assert "sick" not in client.links and set(client.lost) == {"a", "b"}
@@ -53,7 +53,7 @@ def test_dropped_drafter_is_told_to_free_what_it_held(answer):
     # Next step: re-homed on the healthy drafter; nothing else is sent to the dropped one.
     client.drafters.pop("sick")
     s, h = step_of(1, ["a", "b"])
-    reply, _ = client.propose(s, torch.from_numpy(h))
+    reply, _ = client.draft_batch(s, torch.from_numpy(h))
     assert reply.status is DraftStatus.OK and client.home == {"a": "healthy", "b": "healthy"}
     assert sorted(sick.freed) == ["a", "b"]
 
@@ -64,10 +64,10 @@ def test_finished_and_lost_sequences_are_all_freed_on_the_dropped_drafter():
     sick = FakeDrafter(good)
     client = Pool({"sick": (sick, 0)})
     s, h = step_of(0, ["a", "b"])
-    client.propose(s, torch.from_numpy(h))
+    client.draft_batch(s, torch.from_numpy(h))
     sick.answer = out_of_vocab
     s, h = step_of(1, ["b"], finished=["a"])  # "a" finished: freed with this step, which fails: "b" by free()
-    client.propose(s, torch.from_numpy(h))
+    client.draft_batch(s, torch.from_numpy(h))
     assert sorted(sick.freed) == ["a", "b"]
 
 
@@ -77,7 +77,7 @@ def test_freeing_on_a_dead_drafter_never_raises():
     dead = FakeDrafter(timed_out, free_raises=True)
     client = Pool({"dead": (dead, 0)})
     s, h = step_of(0, ["a"])
-    reply, _ = client.propose(s, torch.from_numpy(h))  # must not raise
+    reply, _ = client.draft_batch(s, torch.from_numpy(h))  # must not raise
     assert reply.status is DraftStatus.FAILED and dead.freed == [] and "a" in client.lost
 
 
@@ -108,11 +108,11 @@ def test_a_sequence_back_from_an_unscheduled_step_finds_its_branches():
         slices = [SeqSlice(rid, i, 1, pos) for i, (rid, pos) in enumerate(seqs)]
         return DraftStep(step_id, K, slices, np.ones(len(seqs), np.int32)), torch.zeros(len(seqs), 4)
 
-    client.propose(*step_at(0, [("a", 10), ("b", 10)]))
-    client.propose(*step_at(1, [("a", 11)]))  # "b" not scheduled: still homed, not finished
+    client.draft_batch(*step_at(0, [("a", 10), ("b", 10)]))
+    client.draft_batch(*step_at(1, [("a", 11)]))  # "b" not scheduled: still homed, not finished
     assert drafter.asked[-1] == ["a", "b"] and drafter.freed == []
-    reply, timing = client.propose(*step_at(2, [("a", 12), ("b", 11)]))
-    assert reply.hit_rows == [1] and reply.draft_token_ids[1].tolist() == [3, 4]
+    reply, timing = client.draft_batch(*step_at(2, [("a", 12), ("b", 11)]))
+    assert reply.hit_seqs == [1] and reply.draft_token_ids[1].tolist() == [3, 4]
 
 
 # --- the drafter: idle slots are evicted, the health probe takes no slot, a step past a gap is not drafted from
@@ -146,20 +146,20 @@ def test_idle_slots_are_evicted(toy_heads, branches):
     engine = engine_of(toy_heads, idle_slot_ttl_s=300.0, clock=clock,
                        branches=BranchConfig(**branches) if branches else None)
     width = engine.spec.fused_hidden_size
-    engine.propose_tensors(*random_step(0, K, [("a", 0, 4), ("b", 0, 3)], width))
+    engine.draft_tensors(*random_step(0, K, [("a", 0, 4), ("b", 0, 3)], width))
     engine.after_step()
     assert engine.num_active_sequences == 2
     clock.now = 200.0  # "b" steps on; "a" was abandoned (its verifier died, its free was lost)
-    engine.propose_tensors(*random_step(1, K, [("b", 3, 1)], width, seed=1))
+    engine.draft_tensors(*random_step(1, K, [("b", 3, 1)], width, seed=1))
     engine.after_step()
     clock.now = 400.0
-    engine.propose_tensors(*random_step(2, K, [("b", 4, 1)], width, seed=2))
+    engine.draft_tensors(*random_step(2, K, [("b", 4, 1)], width, seed=2))
     assert engine.num_active_sequences == 1 and set(engine.cache.slot_of) == {"b"} and engine.evicted == 1
     assert "a" not in engine.branch_table
 
     # A sequence of the step at hand is never evicted, however long it was away; it continues where it was.
     clock.now = 10_000.0
-    p = engine.propose_tensors(*random_step(3, K, [("b", 5, 1)], width, seed=3))
+    p = engine.draft_tensors(*random_step(3, K, [("b", 5, 1)], width, seed=3))
     assert set(engine.cache.slot_of) == {"b"} and engine.evicted == 1 and p.cold == 0
 
 
@@ -167,9 +167,9 @@ def test_no_ttl_never_evicts(toy_heads):
     clock = Clock()
     engine = engine_of(toy_heads, idle_slot_ttl_s=None, clock=clock)
     width = engine.spec.fused_hidden_size
-    engine.propose_tensors(*random_step(0, K, [("a", 0, 4)], width))
+    engine.draft_tensors(*random_step(0, K, [("a", 0, 4)], width))
     clock.now = 1e9
-    engine.propose_tensors(*random_step(1, K, [("b", 0, 2)], width))
+    engine.draft_tensors(*random_step(1, K, [("b", 0, 2)], width))
     assert engine.num_active_sequences == 2 and engine.evicted == 0
 
 
@@ -178,12 +178,12 @@ def test_probe_takes_no_slot_even_when_the_cache_is_full(toy_heads):
     width = engine.spec.fused_hidden_size
     assert engine.probe() == (1, 1)
     assert engine.num_active_sequences == 0 and engine.cache.num_slots == 1
-    engine.propose_tensors(*random_step(0, K, [("a", 0, 4)], width))
+    engine.draft_tensors(*random_step(0, K, [("a", 0, 4)], width))
     slots = dict(engine.cache.slot_of)
     assert engine.probe() == (1, 1)  # full: it still drafts, and evicts nobody
     assert engine.cache.slot_of == slots and engine.num_active_sequences == 1
-    p = engine.propose_tensors(*random_step(1, K, [("a", 4, 1)], width, seed=1))
-    assert p.full_rows == [] and p.cold == 0
+    p = engine.draft_tensors(*random_step(1, K, [("a", 4, 1)], width, seed=1))
+    assert p.full_seqs == [] and p.cold == 0
 
 
 def test_actor_probe_never_shows_as_a_sequence(toy_heads):
@@ -207,20 +207,20 @@ def test_step_after_a_gap_drafts_as_a_rehomed_sequence(toy_heads, branches):
     cfg = BranchConfig(**branches) if branches else None
     engine, fresh = engine_of(toy_heads, branches=cfg), engine_of(toy_heads, branches=cfg)
     width = engine.spec.fused_hidden_size
-    engine.propose_tensors(*random_step(0, K, [("s", 0, 5)], width))
+    engine.draft_tensors(*random_step(0, K, [("s", 0, 5)], width))
     engine.after_step()
     slot = engine.cache.slot_of["s"]
     assert int(engine.cache.next_pos[slot]) == 5
     step, hidden = random_step(1, K, [("s", 8, 2)], width, seed=1)
-    got, want = engine.propose_tensors(step, hidden), fresh.propose_tensors(step, hidden)
+    got, want = engine.draft_tensors(step, hidden), fresh.draft_tensors(step, hidden)
     assert got.cold == want.cold == 1 and int(engine.cache.known_from[slot]) == 8
     assert got.drafts.tolist() == want.drafts.tolist()
     engine.after_step()
     assert int(engine.cache.next_pos[slot]) == 10
 
     # Contiguous steps, and a restart from an earlier position (preemption), are not gaps.
-    p = engine.propose_tensors(*random_step(2, K, [("s", 10, 1)], width, seed=2))
+    p = engine.draft_tensors(*random_step(2, K, [("s", 10, 1)], width, seed=2))
     assert p.cold == 0 and int(engine.cache.known_from[slot]) == 8
     engine.after_step()
-    p = engine.propose_tensors(*random_step(3, K, [("s", 0, 6)], width, seed=3))
+    p = engine.draft_tensors(*random_step(3, K, [("s", 0, 6)], width, seed=3))
     assert p.cold == 0 and int(engine.cache.known_from[slot]) == 0

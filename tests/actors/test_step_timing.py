@@ -49,7 +49,7 @@ def test_worker_times_until_the_device_is_done(monkeypatch, syncs):
     w.sample_tokens(None)
     assert log == ["forward", "sync", "sample", "sync"]
     assert syncs == [torch.device("cuda", 2)] * 2
-    assert (len(w._forward_ms), len(w._sample_ms)) == (1, 1)
+    assert (len(w.split.forward_ms), len(w.split.sample_ms)) == (1, 1)
 
 
 def test_drafter_times_until_the_device_is_done(toy_heads, monkeypatch):
@@ -64,7 +64,7 @@ def test_drafter_times_until_the_device_is_done(toy_heads, monkeypatch):
     waited: list = []
     monkeypatch.setattr(timing, "synchronize", waited.append)
     step = DraftStep(0, 3, [SeqSlice("a", 0, 5, 0)], np.arange(5, dtype=np.int32))
-    result = engine.propose(step, np.zeros((5, engine.spec.fused_hidden_size), np.float32))
+    result = engine.draft(step, np.zeros((5, engine.spec.fused_hidden_size), np.float32))
     assert waited == [engine.device] and result.compute_ms >= 0
 
     from actors.drafter.actor import DrafterActor
@@ -89,16 +89,16 @@ def test_worker_without_a_device_yet_times_on_the_host(syncs):
 def test_remote_propose_times_until_the_device_is_done(monkeypatch):
     """The proposer's propose_ms ends after the drafts were copied to the verifier's device."""
     from actors.messages import DraftStatus
-    from actors.verifier.client import DraftReply, ProposeTiming
+    from actors.verifier.client import BatchTiming, DraftReply
     from actors.verifier.proposer import ProposerState, RemoteEagleProposer
 
     class Client:
         def usable(self):
             return True
 
-        def propose(self, step, hidden):
+        def draft_batch(self, step, hidden):
             drafts = np.full((len(step.seqs), step.num_speculative_tokens), 7, np.int32)
-            return DraftReply(DraftStatus.OK, drafts), ProposeTiming(0.0, 0.0, 0.1, False)
+            return DraftReply(DraftStatus.OK, drafts), BatchTiming(0.0, 0.0, 0.1, False)
 
     waited: list = []
     monkeypatch.setattr(timing, "synchronize", waited.append)

@@ -14,7 +14,7 @@ from vllm.v1.outputs import DraftTokenIds
 
 from actors.messages import DraftStatus, DraftStep
 from actors.metrics import ProposerStats
-from actors.verifier.client import DraftReply, ProposeTiming, Undrafted
+from actors.verifier.client import BatchTiming, DraftReply, Undrafted
 from actors.verifier.proposer import RemoteEagleProposer, SentDrafts
 from actors.verifier.worker import RemoteDraftWorker
 from tests.actors.fake_proposer import K, proposer, run_step
@@ -69,14 +69,14 @@ class PartlyFailing:
     def usable(self) -> bool:
         return True
 
-    def propose(self, step: DraftStep, hidden: torch.Tensor) -> tuple[DraftReply, ProposeTiming]:
+    def draft_batch(self, step: DraftStep, hidden: torch.Tensor) -> tuple[DraftReply, BatchTiming]:
         self.steps.append(step)
         drafts = np.full((len(step.seqs), K), 7, np.int32)
         undrafted = {i: Undrafted.FAILED for i, s in enumerate(step.seqs) if s.req_id == "b"}
         for i in undrafted:
             drafts[i] = 0
         return (DraftReply(DraftStatus.PARTIAL, drafts, "b's drafter timed out", undrafted=undrafted),
-                ProposeTiming(0.0, 0.0, 0.0, False))
+                BatchTiming(0.0, 0.0, 0.0, False))
 
 
 def test_a_failed_drafter_costs_its_sequences_their_drafts_only():

@@ -100,20 +100,20 @@ def test_failure_rehome_and_free(pool):
     make, handle, _ = pool
     r1, r2 = FakeDrafter(good), FakeDrafter(good)
     client = make([("r1", r1)])  # found at start (the constructor waits for the first discovery)
-    reply, _ = client.propose(*_step(0, ["a", "b"]))
+    reply, _ = client.draft_batch(*_step(0, ["a", "b"]))
     assert reply.status is DraftStatus.OK and client.home == {"a": "r1", "b": "r1"} and not reply.undrafted
     assert client.timeout_s == 3.0  # the pool's setting, learnt with the drafter
     assert handle.session_ids[0] == route_key(None, 1)  # routed as new: to the least-loaded replica
 
     r1.answer = timed_out  # r1 fails: dropped, told to free what it held, its sequences lose their home
-    reply, _ = client.propose(*_step(1, ["a", "b"]))
+    reply, _ = client.draft_batch(*_step(1, ["a", "b"]))
     assert reply.status is DraftStatus.FAILED and reply.undrafted == {0: "failed", 1: "failed"}
     assert "r1" not in client.links and sorted(r1.freed) == ["a", "b"] and set(client.lost) == {"a", "b"}
     assert not client.usable()  # the only drafter is out: steps draft nothing until one is found
 
     handle.replicas = [("r2", r2)]  # Serve replaced the replica: discovery finds it, the next step re-homes there
     discovered(client)
-    reply, _ = client.propose(*_step(2, ["a", "b"]))
+    reply, _ = client.draft_batch(*_step(2, ["a", "b"]))
     assert reply.status is DraftStatus.OK and client.home == {"a": "r2", "b": "r2"}
     assert client.rehomed == 2 and not client.lost
     assert [e[1] for e in client.events] == ["attached", "failed", "attached", "rehomed"]
@@ -129,7 +129,7 @@ def test_no_drafter_application_at_start_then_deployed(pool):
     make, handle, fake = pool
     client = make(deployed=False)
     assert client.handle is None and not client.links and fake.opened == 0
-    reply, _ = client.propose(*_step(0, ["a"]))
+    reply, _ = client.draft_batch(*_step(0, ["a"]))
     assert reply.status is DraftStatus.OK and reply.undrafted == {0: "no_drafter"} and not client.home
     fake.deployed = True  # the pool is deployed, but has no replica running yet: attach times out
     discovered(client)
@@ -138,7 +138,7 @@ def test_no_drafter_application_at_start_then_deployed(pool):
     handle.replicas = [("r1", r1)]
     discovered(client)  # the handle is opened again and the replica attached
     assert fake.opened == 2 and set(client.links) == {"r1"}
-    reply, _ = client.propose(*_step(1, ["a"]))
+    reply, _ = client.draft_batch(*_step(1, ["a"]))
     assert reply.status is DraftStatus.OK and client.home == {"a": "r1"} and not reply.undrafted
 
 
@@ -150,12 +150,12 @@ def test_a_hung_replica_never_blocks_a_step(pool):
     handle.replicas = [("r1", FakeDrafter(good))]
     client._next_discovery = 0.0
     for i in range(3):
-        reply, _ = client.propose(*_step(i, ["a"]))
+        reply, _ = client.draft_batch(*_step(i, ["a"]))
         assert reply.undrafted == {0: "no_drafter"}
     assert client._finding is not None and not client._finding.done()  # still waiting for the hung replica
     handle.hang.set()  # SIGCONT: the replica answers
     wait_futures([client._finding], timeout=10)
-    reply, _ = client.propose(*_step(3, ["a"]))
+    reply, _ = client.draft_batch(*_step(3, ["a"]))
     assert set(client.links) == {"r1"} and client.home == {"a": "r1"} and not reply.undrafted
 
 

@@ -142,11 +142,11 @@ def test_fuzzed_steps_against_a_served_drafter(server):
     rng = random.Random(1)
     start = time.time()
     sent = [mutations(rng, step.pack(), hidden) for _ in range(300)]
-    answers = ray.get([actor.propose.remote(*m) for m in sent])
+    answers = ray.get([actor.draft_step.remote(*m) for m in sent])
     failed = sum(check_answer(a, spec.vocab_size, max_k=16).status is DraftStatus.FAILED for a in answers)
     took = time.time() - start
     step, hidden = good_step(spec.fused_hidden_size, ids=("fuzz-c", "fuzz-d"))
-    good = DraftResult.unpack(ray.get(actor.propose.remote(step.pack(), hidden)))
+    good = DraftResult.unpack(ray.get(actor.draft_step.remote(step.pack(), hidden)))
     # The sequences of the harmless steps (a mutated id may be any string) hold slots: free them all.
     held = {"fuzz-c", "fuzz-d"}
     for (bad, _), answer in zip(sent, answers, strict=True):

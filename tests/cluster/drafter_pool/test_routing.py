@@ -31,7 +31,7 @@ def test_result_carries_drafter_fields():
     back = DraftResult.unpack(r.pack())
     assert (back.status, back.drafter_id, back.active_sequences, back.cold_sequences) == (
         DraftStatus.PARTIAL, "replica-1", 12, 2)
-    assert (back.branch_lookups, back.hit_rows, back.branch_hits) == (2, [1], 1)
+    assert (back.branch_lookups, back.hit_seqs, back.branch_hits) == (2, [1], 1)
 
 
 def test_plan_groups_worked_example():
