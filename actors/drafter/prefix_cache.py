@@ -8,9 +8,10 @@ positions itself. This module keeps them the same way:
 
 - ``hash_block_tokens``: vLLM's scheme with vLLM's default hash (``sha256`` over the pickled
   ``(parent hash, block tokens, extra keys)``), re-implemented because the drafter's process does not import vLLM
-  (seconds of start-up and hundreds of MB; GPU drafter machines may lack it); ``tests/actors/test_prefix_cache.py``
-  checks it against vLLM's function. The chain's root is ``root_hash(B)`` (vLLM's is a random per-process
-  ``NONE_HASH``, which no other process can know): hashes are comparable within a drafter, block for block.
+  (seconds of start-up and hundreds of MB; GPU drafter machines may lack it);
+  ``tests/actors/drafter/test_prefix_cache.py`` checks it against vLLM's function. The chain's root is
+  ``root_hash(B)`` (vLLM's is a random per-process ``NONE_HASH``, which no other process can know): hashes are
+  comparable within a drafter, block for block.
 - ``PrefixBlockStore``: the cached blocks, ``[num_blocks, B, num_kv_heads, head_dim]`` per layer, shared by every
   sequence of this drafter whose prompt starts with them, bounded (``max_blocks``) and evicted least recently used
   (a chain's deeper blocks first, as vLLM frees its blocks). A hit copies the blocks into the sequence's slot of the

@@ -31,7 +31,7 @@ arguments move to ``additional_config["eagle_cluster"]["draft_length"]``, see ``
   bucket tries its current k's neighbours (alternately one up, one down) for ``hold`` steps, so estimates for
   the k values not in use stay fresh when the load changes.
 
-Worked example (also a test, ``tests/actors/test_draft_length.py``): K = 3, acceptance p = [0.8, 0.6, 0.4], so
+Worked example (also a test, ``tests/actors/verifier/test_draft_length.py``): K = 3, acceptance p = [0.8, 0.6, 0.4], so
 E = [1, 1.8, 2.4, 2.8] for k = 0..3. At a batch of 1 the step costs [10, 11, 12, 13] ms per sequence: goodput
 [0.100, 0.164, 0.200, 0.215] tokens/ms, k = 3. At a batch of 32 it costs [1.0, 2.0, 2.9, 3.8] ms per sequence:
 goodput [1.00, 0.90, 0.83, 0.74], k = 0. At a batch of 8 with [3.0, 4.0, 5.0, 6.0]: [0.333, 0.450, 0.480,

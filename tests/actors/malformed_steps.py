@@ -1,6 +1,6 @@
-"""Malformed ``DraftStep``s, for fuzzing a drafter (in process, ``tests/actors/test_draft_step_fuzz.py``, and served,
-``tests/cluster/drafter_pool/test_pool_serve.py``): a good step, random mutations of its bytes and hidden array, and
-the check every answer must pass."""
+"""Malformed ``DraftStep``s, for fuzzing a drafter (in process, ``tests/actors/drafter/test_draft_step_fuzz.py``, and
+served, ``tests/cluster/drafter_pool/test_pool_serve.py``): a good step, random mutations of its bytes and hidden
+array, and the check every answer must pass."""
 
 from __future__ import annotations
 

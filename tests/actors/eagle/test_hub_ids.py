@@ -17,7 +17,7 @@ from actors.eagle import hub
 from actors.eagle.checkpoint import SHARED_TENSOR_NAMES
 from actors.eagle.spec import HeadConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 

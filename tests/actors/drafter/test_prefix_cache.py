@@ -14,7 +14,7 @@ from actors.drafter.engine import DrafterEngine
 from actors.drafter.prefix_cache import PrefixBlockStore, SeqTokens, block_hashes, hash_block_tokens, root_hash
 from actors.eagle.checkpoint import load_head
 from actors.messages import BadStep, DraftStep, SeqSlice
-from tests.actors.test_drafter_engine import reference_drafts
+from tests.actors.drafter.test_drafter_engine import reference_drafts
 
 BS = 4  # block size
 K = 3

@@ -13,7 +13,7 @@ from actors.drafter.engine import DrafterEngine
 from actors.eagle.checkpoint import load_head
 from actors.messages import BadStep, DraftStep, SeqSlice
 from actors.verifier.proposer import RemoteEagleProposer
-from tests.actors.test_drafter_engine import causal_attend, make_step
+from tests.actors.drafter.test_drafter_engine import causal_attend, make_step
 
 
 def _mm_step(hidden_width: int, embed_width: int, rows: list[int], dtype=np.float32):

@@ -92,7 +92,7 @@ def reference(workload):
 def cluster_run(names: list[str], workload, **drafter) -> tuple[list[list[int]], SpecDecodeStats, ProposerStats, list]:
     settings = DrafterSettings(str(EAGLE3), str(TARGET), engine=DrafterEngineConfig(max_model_len=1024, **drafter))
     actors = [start_drafter_actor(settings, name=n, namespace=NS) for n in names]
-    client = {"client": "tests.actors.test_prefix_caching:NamedActorsClient", "names": names, "namespace": NS,
+    client = {"client": "tests.actors.verifier.test_prefix_caching:NamedActorsClient", "names": names, "namespace": NS,
               "new_group_size": 1}
     llm = make_verifier_llm(str(TARGET), SPEC, client)
     try:
