@@ -54,11 +54,17 @@ def test_sequences_past_max_model_len_get_no_drafts(toy_heads):
     assert engine.num_active_sequences == 0
 
 
-def test_kv_cache_gib_caps_the_slots(toy_heads):
+def _head_and_slot_bytes(toy_heads) -> tuple:
+    """The EAGLE-1 head, and the bytes of one draft KV slot of a 64-token engine (65 positions)."""
     target_dir, heads = toy_heads
     head = load_head(heads["eagle1"], target_dir)
     spec = head.spec
-    slot = DraftKVCache.bytes_per_slot(spec.num_layers, spec.num_kv_heads, spec.head_dim, 65, torch.float32)
+    return head, DraftKVCache.bytes_per_slot(spec.num_layers, spec.num_kv_heads, spec.head_dim, 65, torch.float32)
+
+
+def test_kv_cache_gib_caps_the_slots(toy_heads):
+    head, slot = _head_and_slot_bytes(toy_heads)
+    spec = head.spec
     engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=64, kv_cache_gib=3.5 * slot / 2**30,
                                                      prefix_cache_fraction=0.0))
     assert engine.cache.max_slots == 3 and engine.prefix_cache_bytes == 0
@@ -66,21 +72,18 @@ def test_kv_cache_gib_caps_the_slots(toy_heads):
     assert engine.draft_tensors(step, hidden).full_seqs == [3, 4]
     assert sum(t.numel() * t.element_size() for t in (*engine.cache.k, *engine.cache.v)) <= 3.5 * slot
     with pytest.raises(ValueError, match="holds no sequence"):
-        DrafterEngine(load_head(heads["eagle1"], target_dir),
+        DrafterEngine(_head_and_slot_bytes(toy_heads)[0],
                       DrafterEngineConfig(max_model_len=64, kv_cache_gib=0.5 * slot / 2**30))
 
 
 def test_prefix_cache_takes_its_share_of_kv_cache_gib(toy_heads):
     """The prefix cache's blocks and the slots share ``kv_cache_gib``: ``prefix_cache_fraction`` of it for blocks."""
-    target_dir, heads = toy_heads
-    head = load_head(heads["eagle1"], target_dir)
-    spec = head.spec
-    slot = DraftKVCache.bytes_per_slot(spec.num_layers, spec.num_kv_heads, spec.head_dim, 65, torch.float32)
+    head, slot = _head_and_slot_bytes(toy_heads)
     engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=64, kv_cache_gib=5 * slot / 2**30,
                                                      prefix_cache_fraction=0.2))
     assert engine.cache.max_slots == 4 and engine.prefix_cache_bytes == slot
     with pytest.raises(ValueError, match="prefix_cache_fraction"):
-        DrafterEngine(load_head(heads["eagle1"], target_dir), DrafterEngineConfig(prefix_cache_fraction=1.0))
+        DrafterEngine(_head_and_slot_bytes(toy_heads)[0], DrafterEngineConfig(prefix_cache_fraction=1.0))
 
 
 def test_actor_reports_full_seqs(toy_heads):

@@ -90,14 +90,21 @@ def prompts_and_hidden(toy_heads):
     return ta, tb, g
 
 
-@pytest.mark.parametrize("name", ["eagle1", "eagle1_2l", "eagle3"])
-def test_prefix_hit_drafts_as_from_position_zero(toy_heads, prompts_and_hidden, name):
+def _a_and_b(toy_heads, prompts_and_hidden, name: str = "eagle1"):
+    """(head, A, B, generator, A's hidden rows, B's): B's target states agree with A's on the 9 shared tokens."""
     target_dir, heads = toy_heads
     head = load_head(heads[name], target_dir)
     width = head.spec.fused_hidden_size
     ta, tb, g = prompts_and_hidden
     ha = torch.randn(14, width, generator=g)
-    hb = torch.cat([ha[:9], torch.randn(5, width, generator=g)])  # the target's states agree on the shared tokens
+    hb = torch.cat([ha[:9], torch.randn(5, width, generator=g)])
+    return head, ta, tb, g, ha, hb
+
+
+@pytest.mark.parametrize("name", ["eagle1", "eagle1_2l", "eagle3"])
+def test_prefix_hit_drafts_as_from_position_zero(toy_heads, prompts_and_hidden, name):
+    head, ta, tb, g, ha, hb = _a_and_b(toy_heads, prompts_and_hidden, name)
+    width = head.spec.fused_hidden_size
     engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=64))
     ids, h = _rows(ta, 7, ha, 0)
     engine.draft_tensors(*_step(0, [("a", 0, ids, h, ta)]))
@@ -114,12 +121,8 @@ def test_prefix_hit_drafts_as_from_position_zero(toy_heads, prompts_and_hidden, 
 
 
 def test_evicted_prefix_is_a_miss_and_drafts_from_what_follows(toy_heads, prompts_and_hidden):
-    target_dir, heads = toy_heads
-    head = load_head(heads["eagle1"], target_dir)
+    head, ta, tb, g, ha, hb = _a_and_b(toy_heads, prompts_and_hidden)
     width = head.spec.fused_hidden_size
-    ta, tb, g = prompts_and_hidden
-    ha = torch.randn(14, width, generator=g)
-    hb = torch.cat([ha[:9], torch.randn(5, width, generator=g)])
     engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=64, max_num_seqs=2, prefix_cache_fraction=0.2))
     engine.draft_tensors(*_step(0, [("a", 0, *_rows(ta, 7, ha, 0), ta)]))
     max_blocks = engine.prefix_store.max_blocks
@@ -137,16 +140,11 @@ def test_evicted_prefix_is_a_miss_and_drafts_from_what_follows(toy_heads, prompt
 
 
 def test_partial_prefix_masks_the_gap(toy_heads, prompts_and_hidden):
-    target_dir, heads = toy_heads
-    head = load_head(heads["eagle1"], target_dir)
-    width = head.spec.fused_hidden_size
-    ta, tb, g = prompts_and_hidden
-    ha = torch.randn(14, width, generator=g)
+    head, ta, tb, _, ha, hb = _a_and_b(toy_heads, prompts_and_hidden)
     engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=64))
     engine.draft_tensors(*_step(0, [("a", 0, *_rows(ta, 7, ha, 0), ta)]))
     store = engine.prefix_store
     store.index.pop(block_hashes(ta, BS)[1])  # block 1 gone, block 0 kept
-    hb = torch.cat([ha[:9], torch.randn(5, width, generator=g)])
     p = engine.draft_tensors(*_step(1, [("b", 8, *_rows(tb, 9, hb, 8), tb)]))
     slot = engine.cache.slot_of["b"]
     assert engine.take_prefix_counts() == (4, 4) and p.drafts.shape == (1, K)
@@ -159,12 +157,7 @@ def test_async_drafting_counts_prompt_steps(toy_heads, prompts_and_hidden):
     """With branches, a prompt step (``SeqRole.CONTEXT``) is folded in ``after_step``: its prefix is found there."""
     from actors.messages import SeqRole
 
-    target_dir, heads = toy_heads
-    head = load_head(heads["eagle3"], target_dir)
-    width = head.spec.fused_hidden_size
-    ta, tb, g = prompts_and_hidden
-    ha = torch.randn(14, width, generator=g)
-    hb = torch.cat([ha[:9], torch.randn(5, width, generator=g)])
+    head, ta, tb, _, ha, hb = _a_and_b(toy_heads, prompts_and_hidden, "eagle3")
     engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=64,
                                                      branches=BranchConfig(bonus_fanout=2, recovered_fanout=1)))
     for i, (rid, p0, tokens, hidden) in enumerate([("a", 0, ta, ha), ("b", 8, tb, hb)]):
