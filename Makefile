@@ -23,11 +23,11 @@ demo: $(STAMP)
 	$(PY) -m cluster.demo
 
 serve: $(STAMP)
-	RAY_worker_niceness=0 $(VENV)/bin/serve run deploy/cpu.yaml
+	$(VENV)/bin/serve run deploy/cpu.yaml
 
 # serve deploy against a long-lived Ray cluster (started here if none is running); RAY_AUTH_MODE: see README.
 deploy: $(STAMP)
-	RAY_AUTH_MODE=token $(VENV)/bin/ray status >/dev/null 2>&1 || RAY_worker_niceness=0 $(VENV)/bin/ray start --head --disable-usage-stats
+	RAY_AUTH_MODE=token $(VENV)/bin/ray status >/dev/null 2>&1 || $(VENV)/bin/ray start --head --disable-usage-stats
 	RAY_AUTH_MODE=token $(VENV)/bin/serve deploy deploy/cpu.yaml
 	@echo "RAY_AUTH_MODE=token $(VENV)/bin/serve status   # until eagle-cluster: RUNNING"
 

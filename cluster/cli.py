@@ -56,7 +56,6 @@ from cluster.config import (
     IngressConfig,
     VerifierConfig,
 )
-from cluster.node_env import set_node_env
 
 PROG = "eagle-cluster serve"
 DEFAULT_HOST = "127.0.0.1"  # vLLM's default (no --host) binds all interfaces; the cluster's default is loopback
@@ -256,7 +255,6 @@ def _check_serve_schema(doc: dict[str, Any]) -> None:
 def _serve_cli(*argv: str) -> None:
     """Become Ray's ``serve`` command (a fresh process: nothing of vLLM imported, Ctrl-C as ``serve run`` takes it)."""
     code = "import sys; from ray.serve.scripts import cli; sys.argv[0] = 'serve'; sys.exit(cli())"
-    set_node_env()  # a local Ray that ``serve run`` starts runs its workers at nice 0 (cluster.node_env)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-c", code, *argv])

@@ -39,11 +39,9 @@ def main(argv: list[str] | None = None) -> None:
     from cluster.app import build_app, build_drafter_app
     from cluster.config import APP_NAME, DRAFTER_APP_NAME
     from cluster.harness import heldout_prompts
-    from cluster.node_env import set_node_env
 
     doc = deploy_yaml.load(Path(args.config))
     http = doc.get("http_options", {})
-    set_node_env()  # the local Ray's workers at nice 0 (cluster.node_env)
     ray.init(include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": http.get("host", "127.0.0.1"), "port": http.get("port", 8000)})

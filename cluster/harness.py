@@ -23,7 +23,6 @@ from typing import Any
 
 from cluster import deploy_yaml
 from cluster.config import APP_NAME, DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT, PROJECT_ROOT
-from cluster.node_env import set_node_env
 
 MODELS = PROJECT_ROOT / "models"
 TARGET = MODELS / "llama4-tiny"
@@ -99,7 +98,7 @@ def serve_command(config: Path) -> list[str]:
 def start(cmd: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen:
     """A server command in its own process group (``stop`` ends the group), from the project's folder; its output
     to ``log`` if given, else dropped."""
-    env = set_node_env({**os.environ, "RAY_DEDUP_LOGS": "0", **(env or {})})  # Ray's workers at nice 0
+    env = {**os.environ, "RAY_DEDUP_LOGS": "0", **(env or {})}
     with open(log, "wb") if log else contextlib.nullcontext(subprocess.DEVNULL) as out:
         return subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
