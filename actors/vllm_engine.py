@@ -56,6 +56,23 @@ def set_cpu_env(tensor_parallel_size: int = 1, in_process: bool = True) -> None:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i % cores) for i in range(tensor_parallel_size))
 
 
+def worker_in_engine_core(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with ``distributed_executor_backend: "uni"`` honoured at tensor-parallel size 1: the model runs in
+    vLLM's engine-core process, as vLLM runs it on GPUs.
+
+    vLLM-CPU turns ``"uni"`` into ``"mp"`` whenever the engine core is a process of its own, as under ``AsyncLLM``
+    (``vllm/platforms/cpu.py``): the worker is then a second process, and the engine core spins on their
+    shared-memory queue while the worker waits on the remote drafter. Passing the executor's class, not the string,
+    keeps the worker in the engine core (vLLM-CPU's worker binds its OpenMP threads there). Opt-in: with the
+    verifier on a core of its own it measured slower (the engine loop, its ZMQ threads, the model and the Ray calls
+    then share one GIL); with every process on shared cores, faster (``docs/BENCHMARKS.md``)."""
+    if kwargs.get("distributed_executor_backend") != "uni" or kwargs.get("tensor_parallel_size", 1) != 1:
+        return kwargs
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    return {**kwargs, "distributed_executor_backend": UniProcExecutor}
+
+
 def engine_kwargs(
     model: str,
     *,

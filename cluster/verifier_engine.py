@@ -50,7 +50,7 @@ class VerifierEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from actors.verifier.engine import verifier_kwargs
-        from actors.vllm_engine import set_engine_env
+        from actors.vllm_engine import set_engine_env, worker_in_engine_core
 
         v = verifier
         # Before the engine exists: model runner V1 (the remote proposer hooks V1 only), vLLM-CPU's settings.
@@ -69,7 +69,7 @@ class VerifierEngine:
             **v.vllm_engine_kwargs(),
         )
         self.model, self.name = v.model, v.name
-        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**worker_in_engine_core(kwargs)))
         self.state: Any = None
 
     async def start(self) -> None:

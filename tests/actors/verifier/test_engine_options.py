@@ -56,3 +56,17 @@ def test_worker_refuses_pipeline_stages(monkeypatch):
     w = _worker(monkeypatch, SimpleNamespace(), pp=2)
     with pytest.raises(RuntimeError, match="pipeline_parallel_size 2; .*last pipeline stage"):
         w.init_device()
+
+
+def test_uni_executor_is_honoured_at_tp1_only():
+    """``distributed_executor_backend: uni`` at TP 1 becomes vLLM's ``UniProcExecutor`` class (vLLM-CPU would turn
+    the string into ``mp``); any other backend, none, or TP > 1 is left as given."""
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    from actors.vllm_engine import worker_in_engine_core
+
+    got = worker_in_engine_core({"distributed_executor_backend": "uni", "tensor_parallel_size": 1, "model": "m"})
+    assert got == {"distributed_executor_backend": UniProcExecutor, "tensor_parallel_size": 1, "model": "m"}
+    for kwargs in ({"model": "m"}, {"distributed_executor_backend": "mp"},
+                   {"distributed_executor_backend": "uni", "tensor_parallel_size": 2}):
+        assert worker_in_engine_core(kwargs) == kwargs
