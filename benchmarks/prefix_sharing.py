@@ -2,7 +2,8 @@
 the cluster as shipped (``deploy/cpu.yaml``: EAGLE-3, prefix caching on, the drafter's own prefix cache).
 
     python -m benchmarks.prefix_sharing [--num-prompts 22] [--prefix-tokens 700] [--suffix-tokens 24]
-        [--concurrency 4] [--max-tokens 48] [--modes colocated-eagle3 cluster-eagle3] [--out results/prefix]
+        [--concurrency 4] [--max-tokens 48] [--modes colocated-eagle3 cluster-eagle3 [cluster-eagle3-uni]]
+        [--out results/prefix]
 
 Each prompt is one shared ~700-token prefix of held-out Python (the training corpus's held-out files, not seen in
 training) followed by a different short held-out suffix. Each server is started the same way as in
@@ -10,7 +11,10 @@ training) followed by a different short held-out suffix. Each server is started 
 cluster), warmed up on unrelated prompts (so the shared prefix is computed by the measured requests themselves), then
 driven by ``benchmarks.serving``'s load generator. Prints each report, the cluster's prefix hit / miss counters
 (``eagle_cluster_draft_prefix_{hit,miss}_tokens``), and the ratios the issue's goals name; writes JSON to ``--out``.
-No core pinning: every process shares the machine's cores, as in the issue's measurement.
+No core pinning: every process shares the machine's cores, as in the issue's measurement. Each run also prints
+CPU seconds by process group (``benchmarks.cpu_split``). ``cluster-eagle3-uni`` serves with
+``verifier.engine_kwargs.distributed_executor_backend: uni`` (the model in vLLM's engine-core process,
+``actors.vllm_engine.worker_in_engine_core``).
 """
 
 from __future__ import annotations
@@ -24,12 +28,24 @@ import urllib.request
 from dataclasses import asdict
 from pathlib import Path
 
+from benchmarks import cpu_split
 from benchmarks.serving import run
 from benchmarks.serving_compare import cluster_server, vllm_server
 from cluster.config import PROJECT_ROOT as ROOT
-from cluster.harness import TARGET, heldout_prompts, load_prompts, start, stop, wait_healthy
+from cluster.harness import (
+    HEADS,
+    HTTP,
+    TARGET,
+    cpu_yaml,
+    heldout_prompts,
+    load_prompts,
+    serve_command,
+    start,
+    stop,
+    wait_healthy,
+)
 
-MODES = ["colocated-eagle3", "cluster-eagle3"]
+MODES = ["colocated-eagle3", "cluster-eagle3", "cluster-eagle3-uni"]
 PREFIX_COUNTERS = ("eagle_cluster_draft_prefix_hit_tokens", "eagle_cluster_draft_prefix_miss_tokens")
 
 
@@ -63,7 +79,7 @@ def main() -> None:
     p.add_argument("--suffix-tokens", type=int, default=24)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=48)
-    p.add_argument("--modes", nargs="*", default=MODES, choices=MODES)
+    p.add_argument("--modes", nargs="*", default=MODES[:2], choices=MODES)
     p.add_argument("--out", default=str(ROOT / "results" / "prefix"))
     args = p.parse_args()
     out = Path(args.out)
@@ -74,7 +90,11 @@ def main() -> None:
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in args.modes:
-            if mode.startswith("cluster"):
+            if mode == "cluster-eagle3-uni":
+                uni = {"engine_kwargs": {"distributed_executor_backend": "uni"}}
+                spec = {"method": "eagle3", "model": str(HEADS["eagle3"])}
+                cmd, base = serve_command(cpu_yaml(Path(tmp) / "uni.yaml", verifier=uni, speculative_config=spec)), HTTP
+            elif mode.startswith("cluster"):
                 cmd, base = cluster_server("eagle3", Path(tmp))
             else:
                 cmd, base = vllm_server("eagle3")
@@ -84,11 +104,17 @@ def main() -> None:
                 wait_healthy(proc, base)
                 asyncio.run(run(base, warm, 8, 4, None, f"{mode} warm-up", quiet=True))
                 before = prefix_counters(base)
+                procs = cpu_split.server_processes(proc.pid)
+                cpu_before = cpu_split.snapshot(procs)
                 report = asyncio.run(run(base, prompts, args.max_tokens, args.concurrency, None,
                                          f"{mode} c={args.concurrency}"))
+                cpu = cpu_split.split(procs, cpu_before, cpu_split.snapshot(procs))
                 after = prefix_counters(base)
                 print(report.text(), flush=True)
-                results[mode] = asdict(report) | {"prefix": {k: after[k] - before[k] for k in PREFIX_COUNTERS}}
+                split = ", ".join(f"{g} {v:.2f}" for g, v in cpu.items())
+                print(f"CPU seconds over {report.duration_s:.1f} s: {split}", flush=True)
+                results[mode] = asdict(report) | {"prefix": {k: after[k] - before[k] for k in PREFIX_COUNTERS},
+                                                  "cpu_s": cpu}
                 if mode.startswith("cluster"):
                     print("prefix tokens: " + ", ".join(f"{k.rsplit('_', 2)[-2]} {v:.0f}"
                                                         for k, v in results[mode]["prefix"].items()), flush=True)
@@ -101,10 +127,11 @@ def main() -> None:
         mal = 1 + spec["num_accepted_tokens"] / spec["num_drafts"] if spec and spec["num_drafts"] else 1.0
         r["mal"], r["tps"] = mal, r["output_tokens"] / r["duration_s"]
         print(f"{mode} | {r['tps']:.1f} | {r['ttft_ms']['median']:.0f} | {r['tpot_ms']['median']:.1f} | {mal:.2f}")
-    if set(MODES) <= set(results):
-        c, v = results["cluster-eagle3"], results["colocated-eagle3"]
-        print(f"cluster / colocated: output tok/s {c['tps'] / v['tps']:.2f}x, TTFT p50 "
-              f"{c['ttft_ms']['median'] / v['ttft_ms']['median']:.2f}x, MAL {c['mal'] / v['mal']:.2f}x")
+    v = results.get("colocated-eagle3")
+    for mode, c in results.items():
+        if v is not None and mode.startswith("cluster"):
+            print(f"{mode} / colocated: output tok/s {c['tps'] / v['tps']:.2f}x, TTFT p50 "
+                  f"{c['ttft_ms']['median'] / v['ttft_ms']['median']:.2f}x, MAL {c['mal'] / v['mal']:.2f}x")
 
 
 if __name__ == "__main__":
