@@ -124,8 +124,8 @@ def wait_healthy(proc: subprocess.Popen, base: str = HTTP, timeout_s: float = 60
 def stop(proc: subprocess.Popen) -> None:
     """SIGINT to the server's process group, SIGKILL after two minutes; then ``ray stop`` (what ``serve run`` left).
 
-    Ctrl-C usually stops ``serve run`` in ~5 s here, but Serve gives each replica up to its graceful-shutdown timeout
-    (20 s) and, on a loaded CI machine, one minute was seen to be too short."""
+    Ctrl-C stops ``serve run`` in ~5 s here; in two CI runs on a loaded machine one stop took over a minute (cause not
+    found: it did not recur alone). Serve gives each replica up to its graceful-shutdown timeout (20 s)."""
     os.killpg(proc.pid, signal.SIGINT)
     try:
         proc.wait(timeout=120)
