@@ -200,7 +200,7 @@ class DraftKVCache:
             # sequence, or a batch placed together): a view of the cache, no copy; else one block copy per slot,
             # ~3x faster than the gather below.
             first, num = int(slots[0]), slots.numel()
-            if int(slots[-1]) == first + num - 1 and (num == 1 or bool((slots[1:] - slots[:-1] == 1).all())):
+            if num == 1 or bool((slots.diff() == 1).all()):
                 return (self.k[layer][first : first + num, lo : lo + width],
                         self.v[layer][first : first + num, lo : lo + width])
             return (self.k[layer][:, lo : lo + width].index_select(0, slots_d),
