@@ -18,6 +18,7 @@ import time
 import numpy as np
 import torch
 
+from actors.drafter.config import DrafterEngineConfig
 from actors.drafter.engine import DrafterEngine
 from actors.messages import DraftStep, SeqSlice
 from cluster.harness import HEADS, TARGET, add_head_args
@@ -30,7 +31,7 @@ def make_step(step_id: int, batch: int, position: int, rows: int, k: int, width:
 
 
 def measure(method: str, batch: int, steps: int, k: int, profile: bool) -> float:
-    engine = DrafterEngine.from_checkpoint(HEADS[method], TARGET, max_model_len=1032)
+    engine = DrafterEngine.from_checkpoint(HEADS[method], TARGET, DrafterEngineConfig(max_model_len=1032))
     width = engine.spec.fused_hidden_size
     engine.draft_tensors(*make_step(0, batch, 0, 100, k, width))
     times, position = [], 100

@@ -8,7 +8,8 @@ a verifier node runs (vLLM's API server, or Serve's proxy and the verifier appli
 core and worker) bound to core 0 in every mode, the cluster's drafter (its replica and its actor) alone on core 1,
 Ray's control plane and the load generator unbound. The cluster gets exactly one core more than the baselines:
 the drafter's. ``--pinning none`` binds nothing. ``*-haproxy`` modes serve with Serve's HAProxy ingress
-(``RAY_SERVE_ENABLE_HA_PROXY=1``) instead of its Python HTTP proxy. vLLM's OpenMP threads:
+(``RAY_SERVE_ENABLE_HA_PROXY=1``) instead of its Python HTTP proxy; ``*-grpc`` modes keep the Python proxy and have
+it call the replica over gRPC (``RAY_SERVE_PROXY_USE_GRPC=1``) instead of by ObjectRef. vLLM's OpenMP threads:
 ``VLLM_CPU_OMP_THREADS_BIND=0`` and ``OMP_NUM_THREADS=1`` in every mode when strict.
 
 The draft length (issue 23): cluster modes run the shipped default (k = 3 at every step); ``*-auto`` sets
@@ -41,7 +42,8 @@ from cluster.harness import HEADS, HTTP, cpu_yaml, load_prompts, post, serve_com
 
 MODES = ["target-only", "colocated-eagle", "colocated-eagle3", "cluster-eagle3", "cluster-eagle3-async",
          "cluster-eagle", "cluster-eagle-async", "cluster-eagle3-haproxy", "cluster-eagle3-async-haproxy",
-         "cluster-eagle3-sched", "cluster-eagle3-k3", "cluster-eagle3-auto", "cluster-eagle3-auto-haproxy"]
+         "cluster-eagle3-sched", "cluster-eagle3-k3", "cluster-eagle3-auto", "cluster-eagle3-auto-haproxy",
+         "cluster-eagle3-grpc", "cluster-eagle3-async-grpc"]
 DRAFT_LENGTH_KEY = "num_speculative_tokens_per_batch_size"
 SCHEDULE = [[1, 2, 3], [3, 8, 1], [9, 1024, 0]]  # the fixed schedule of ``*-sched`` modes
 DEFAULT_MODES = ["target-only", "colocated-eagle3", "cluster-eagle3", "cluster-eagle3-async"]
@@ -98,6 +100,8 @@ def main() -> None:
                     drafter["cpu_affinity"] = [1]
                 if "haproxy" in variants:  # Serve's HAProxy ingress instead of its Python proxy (README)
                     mode_env["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
+                if "grpc" in variants:  # Serve's Python proxy calls the replica over gRPC, not by ObjectRef
+                    mode_env["RAY_SERVE_PROXY_USE_GRPC"] = "1"
                 if {"sched", "k3", "auto"} & set(variants):
                     length = SCHEDULE if "sched" in variants else "auto" if "auto" in variants else None
                     spec = {"method": method, "model": str(HEADS[method]), DRAFT_LENGTH_KEY: length}
