@@ -34,6 +34,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from actors.engine_spin import SPIN_ENV
 from benchmarks import cpu_split
 from benchmarks.serving import run
 from benchmarks.serving_compare import cluster_server, vllm_server
@@ -43,10 +44,11 @@ from cluster.harness import HEADS, HTTP, cpu_yaml, load_prompts, post, serve_com
 MODES = ["target-only", "colocated-eagle", "colocated-eagle3", "cluster-eagle3", "cluster-eagle3-async",
          "cluster-eagle", "cluster-eagle-async", "cluster-eagle3-haproxy", "cluster-eagle3-async-haproxy",
          "cluster-eagle3-sched", "cluster-eagle3-k3", "cluster-eagle3-auto", "cluster-eagle3-auto-haproxy",
-         "cluster-eagle3-grpc", "cluster-eagle3-async-grpc"]
+         "cluster-eagle3-grpc", "cluster-eagle3-async-grpc", "cluster-eagle3-spin", "cluster-eagle3-async-spin"]
 DRAFT_LENGTH_KEY = "num_speculative_tokens_per_batch_size"
 SCHEDULE = [[1, 2, 3], [3, 8, 1], [9, 1024, 0]]  # the fixed schedule of ``*-sched`` modes
 DEFAULT_MODES = ["target-only", "colocated-eagle3", "cluster-eagle3", "cluster-eagle3-async"]
+SPIN_S = 0.005  # the engine core's busy loop in ``*-spin`` modes (actors.engine_spin)
 STRICT = {"engine core": {0}, "worker": {0}, "serving path": {0}, "drafter": {1}}
 
 
@@ -102,6 +104,8 @@ def main() -> None:
                     mode_env["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
                 if "grpc" in variants:  # Serve's Python proxy calls the replica over gRPC, not by ObjectRef
                     mode_env["RAY_SERVE_PROXY_USE_GRPC"] = "1"
+                if "spin" in variants:  # vLLM's engine core sleeps after SPIN_S of waiting on its worker, not 1 s
+                    mode_env[SPIN_ENV] = str(SPIN_S)
                 if {"sched", "k3", "auto"} & set(variants):
                     length = SCHEDULE if "sched" in variants else "auto" if "auto" in variants else None
                     spec = {"method": method, "model": str(HEADS[method]), DRAFT_LENGTH_KEY: length}

@@ -38,6 +38,7 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
+from actors.engine_spin import SPIN_ENV
 from cluster.config import DRAFTER_DEPLOYMENT, DrafterPoolConfig, EagleClusterConfig
 from cluster.drafter_pool.front import DrafterPoolFront
 from cluster.drafter_pool.router import SequenceAffinityRouter
@@ -50,6 +51,15 @@ DRAFTER_FRONT = "DrafterPoolFront"
 # fewer per request and per streamed chunk (its methods only await). The draft client's synchronous handle calls run
 # in vLLM's engine process, not here, so Serve's router keeps its own loop (RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP).
 VERIFIER_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
+
+
+def verifier_env(engine_spin_s: float | None) -> dict[str, str]:
+    """The verifier replica's environment (inherited by the vLLM engine it starts): ``VERIFIER_ENV``, and the engine
+    core's busy loop when set (``verifier.engine_spin_s``, read by the ``actors.engine_spin`` vLLM plugin)."""
+    env = dict(VERIFIER_ENV)
+    if engine_spin_s is not None:
+        env[SPIN_ENV] = str(engine_spin_s)
+    return env
 
 
 def build_drafter_app(args: dict[str, Any]) -> Application:
@@ -97,7 +107,7 @@ def build_app(args: dict[str, Any]) -> Application:
         name=VERIFIER,
         num_replicas=v.num_replicas,
         ray_actor_options={"num_cpus": v.num_cpus, "num_gpus": v.replica_gpus,  # the replica runs in bundle 0
-                           "runtime_env": {"env_vars": dict(VERIFIER_ENV)}},
+                           "runtime_env": {"env_vars": verifier_env(v.engine_spin_s)}},
         placement_group_bundles=[dict(bundle) for _ in range(v.tensor_parallel_size)],
         placement_group_strategy="STRICT_PACK",
         health_check_period_s=10,

@@ -1,0 +1,55 @@
+"""How long vLLM's engine core spins while it waits for its workers: a ``vllm.general_plugins`` entry point
+(``pyproject.toml``), so it runs in every vLLM process, the engine core's included.
+
+vLLM's shared-memory message queue (``vllm/distributed/device_communicators/shm_broadcast.py``, ``SpinCondition``)
+has a reader busy-loop on ``sched_yield`` for ``busy_loop_s`` (1 s) after each read before it sleeps on a ZMQ
+socket: the engine core spins while the worker runs a step, the worker while the engine core schedules. On a core
+of its own that costs nothing; on the cores the verifier's worker, its serving path and (on a small machine) a
+drafter need, the engine core spins through every wait on a drafter. ``EAGLE_CLUSTER_ENGINE_SPIN_S`` sets that busy
+loop in the engines the cluster's verifier starts (``cluster.app`` puts it in the verifier replica's environment);
+unset (vLLM's own servers, the baselines), vLLM keeps its default.
+
+Not below ``MIN_SPIN_S``: a reader that sleeps at once after each read (0) deadlocked the engine core and its worker
+(both asleep in ``Poller.poll``). The writer's wake-up is a ZMQ PUB message with a high-water mark of 1, and a PUB
+socket learns that its pipe has room again only when it processes commands, which ZMQ throttles to about once a
+millisecond of TSC time inside ``send``; a second wake-up sent within that millisecond of the first is dropped. A
+reader that spins for a few milliseconds after each read only sleeps once the writer has been silent that long,
+the regime vLLM's 1 s default runs in after every idle second.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+SPIN_ENV = "EAGLE_CLUSTER_ENGINE_SPIN_S"
+MIN_SPIN_S = 0.002
+
+logger = logging.getLogger(__name__)
+
+
+def parse_spin_s(value: str) -> float:
+    """``EAGLE_CLUSTER_ENGINE_SPIN_S`` in seconds; a message naming it unless a number >= ``MIN_SPIN_S``."""
+    try:
+        spin_s = float(value)
+    except ValueError:
+        raise ValueError(f"{SPIN_ENV}: a number of seconds, got {value!r}") from None
+    if not spin_s >= MIN_SPIN_S:
+        raise ValueError(f"{SPIN_ENV}: at least {MIN_SPIN_S} s (shorter loses vLLM's wake-ups), got {value!r}")
+    return spin_s
+
+
+def register() -> None:
+    """Sets ``SpinCondition``'s default busy loop from ``EAGLE_CLUSTER_ENGINE_SPIN_S``, if set (before any queue
+    is built: vLLM loads general plugins when an engine core or a worker starts)."""
+    value = os.environ.get(SPIN_ENV)
+    if value is None:
+        return
+    spin_s = parse_spin_s(value)
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+    defaults = SpinCondition.__init__.__defaults__
+    if defaults is None or len(defaults) != 1:  # vLLM changed the signature: keep its default
+        logger.warning("%s ignored: SpinCondition.__init__ has defaults %r", SPIN_ENV, defaults)
+        return
+    SpinCondition.__init__.__defaults__ = (spin_s,)

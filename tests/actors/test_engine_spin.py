@@ -1,0 +1,48 @@
+"""The vLLM plugin that sets the engine core's busy loop (``actors.engine_spin``): what it accepts, what it refuses
+(with the variable's name), that vLLM's queues built after it use the value, and that vLLM finds it as a plugin."""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+
+import pytest
+
+from actors import engine_spin
+from actors.engine_spin import MIN_SPIN_S, SPIN_ENV, parse_spin_s
+
+
+@pytest.mark.parametrize("value", ["0", "0.001", "-1", "nan", "soon", ""])
+def test_refused_values_name_the_variable(value):
+    with pytest.raises(ValueError, match=SPIN_ENV):
+        parse_spin_s(value)
+
+
+def test_accepted_values():
+    assert parse_spin_s(str(MIN_SPIN_S)) == MIN_SPIN_S
+    assert parse_spin_s("0.005") == 0.005
+
+
+def test_register_sets_the_busy_loop_of_queues_built_after_it(monkeypatch):
+    import zmq
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+    from vllm.utils.network_utils import get_open_zmq_ipc_path
+
+    monkeypatch.setattr(SpinCondition.__init__, "__defaults__", SpinCondition.__init__.__defaults__)
+    context = zmq.Context()
+    try:
+        monkeypatch.delenv(SPIN_ENV, raising=False)
+        engine_spin.register()  # unset: vLLM's default stays
+        assert SpinCondition(True, context, get_open_zmq_ipc_path()).busy_loop_s == 1
+        monkeypatch.setenv(SPIN_ENV, "0.004")
+        engine_spin.register()
+        assert SpinCondition(True, context, get_open_zmq_ipc_path()).busy_loop_s == 0.004
+        monkeypatch.setenv(SPIN_ENV, "0")
+        with pytest.raises(ValueError, match=SPIN_ENV):
+            engine_spin.register()
+    finally:
+        context.destroy(linger=0)
+
+
+def test_vllm_finds_the_plugin():
+    names = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
+    assert names.get("eagle_cluster_engine_spin") == "actors.engine_spin:register"
