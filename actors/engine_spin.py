@@ -9,12 +9,13 @@ drafter need, the engine core spins through every wait on a drafter. ``EAGLE_CLU
 loop in the engines the cluster's verifier starts (``cluster.app`` puts it in the verifier replica's environment);
 unset (vLLM's own servers, the baselines), vLLM keeps its default.
 
-Not below ``MIN_SPIN_S``: a reader that sleeps at once after each read (0) deadlocked the engine core and its worker
-(both asleep in ``Poller.poll``). The writer's wake-up is a ZMQ PUB message with a high-water mark of 1, and a PUB
-socket learns that its pipe has room again only when it processes commands, which ZMQ throttles to about once a
-millisecond of TSC time inside ``send``; a second wake-up sent within that millisecond of the first is dropped. A
-reader that spins for a few milliseconds after each read only sleeps once the writer has been silent that long,
-the regime vLLM's 1 s default runs in after every idle second.
+Not below ``MIN_SPIN_S``. The writer's wake-up is a ZMQ PUB message with a send high-water mark of 1, and a PUB
+socket learns that its pipe has room again only when it processes its commands, which ZMQ throttles inside ``send``
+to once per ``max_command_delay`` (3 million TSC cycles: 1-2 ms at 1.5-3 GHz). So a wake-up sent within that time of
+the previous one is dropped, and a reader that went to sleep in between never wakes: with a busy loop of 0 the engine
+core and its worker deadlocked (both asleep in ``Poller.poll``). A reader that spins ``MIN_SPIN_S`` after each read
+only sleeps once the writer has been silent longer than the throttle, so the next wake-up gets through: the regime
+vLLM's 1 s default runs in after every idle second.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import logging
 import os
 
 SPIN_ENV = "EAGLE_CLUSTER_ENGINE_SPIN_S"
-MIN_SPIN_S = 0.002
+MIN_SPIN_S = 0.005  # > ZMQ's command throttle (1-2 ms), with room: see above
 
 logger = logging.getLogger(__name__)
 

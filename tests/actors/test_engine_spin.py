@@ -11,7 +11,7 @@ from actors import engine_spin
 from actors.engine_spin import MIN_SPIN_S, SPIN_ENV, parse_spin_s
 
 
-@pytest.mark.parametrize("value", ["0", "0.001", "-1", "nan", "soon", ""])
+@pytest.mark.parametrize("value", ["0", "0.002", "-1", "nan", "soon", ""])
 def test_refused_values_name_the_variable(value):
     with pytest.raises(ValueError, match=SPIN_ENV):
         parse_spin_s(value)
@@ -19,7 +19,7 @@ def test_refused_values_name_the_variable(value):
 
 def test_accepted_values():
     assert parse_spin_s(str(MIN_SPIN_S)) == MIN_SPIN_S
-    assert parse_spin_s("0.005") == 0.005
+    assert parse_spin_s("0.02") == 0.02
 
 
 def test_register_sets_the_busy_loop_of_queues_built_after_it(monkeypatch):
@@ -33,9 +33,9 @@ def test_register_sets_the_busy_loop_of_queues_built_after_it(monkeypatch):
         monkeypatch.delenv(SPIN_ENV, raising=False)
         engine_spin.register()  # unset: vLLM's default stays
         assert SpinCondition(True, context, get_open_zmq_ipc_path()).busy_loop_s == 1
-        monkeypatch.setenv(SPIN_ENV, "0.004")
+        monkeypatch.setenv(SPIN_ENV, "0.008")
         engine_spin.register()
-        assert SpinCondition(True, context, get_open_zmq_ipc_path()).busy_loop_s == 0.004
+        assert SpinCondition(True, context, get_open_zmq_ipc_path()).busy_loop_s == 0.008
         monkeypatch.setenv(SPIN_ENV, "0")
         with pytest.raises(ValueError, match=SPIN_ENV):
             engine_spin.register()
