@@ -25,6 +25,7 @@ import os
 
 SPIN_ENV = "EAGLE_CLUSTER_ENGINE_SPIN_S"
 MIN_SPIN_S = 0.005  # > ZMQ's command throttle (1-2 ms), with room: see above
+DEFAULT_SPIN_S = MIN_SPIN_S  # the verifier's (``verifier.engine_spin_s``): docs/BENCHMARKS.md, issue 20's third pass
 
 logger = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from actors.drafter.branches import BranchConfig
 from actors.drafter.config import DEFAULT_MAX_MODEL_LEN, DrafterEngineConfig, DrafterSettings
 from actors.eagle.compat import check_head_fits_target, target_text_config
 from actors.eagle.spec import HeadConfigError, HeadSpec, load_head_spec
-from actors.engine_spin import MIN_SPIN_S
+from actors.engine_spin import DEFAULT_SPIN_S, MIN_SPIN_S
 from actors.messages import MAX_SPECULATIVE_TOKENS
 from actors.verifier.client import DRAFT_TIMEOUT_S
 from actors.verifier.options import refuse_unsupported
@@ -95,8 +95,8 @@ class VerifierConfig(_Strict):
     resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources, per TP bundle")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed through to vLLM")
     engine_spin_s: float | None = Field(
-        None, ge=MIN_SPIN_S, description="how long vLLM's engine core spins on its workers' replies before it sleeps "
-        "(actors.engine_spin); None: vLLM's default (1 s)")
+        DEFAULT_SPIN_S, ge=MIN_SPIN_S, description="how long vLLM's engine core and workers spin on their "
+        "shared-memory queues before they sleep (actors.engine_spin); None: vLLM's default (1 s)")
 
     @field_validator("model")
     @classmethod

@@ -10,10 +10,10 @@ from pydantic import ValidationError
 from ray.serve._private.deploy_utils import get_app_code_version
 from ray.serve.schema import ServeDeploySchema
 
-from actors.engine_spin import SPIN_ENV
+from actors.engine_spin import DEFAULT_SPIN_S, SPIN_ENV
 from cluster import deploy_yaml
 from cluster.app import build_app, build_drafter_app
-from cluster.config import APP_NAME, DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT, EagleClusterConfig
+from cluster.config import APP_NAME, DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT
 
 
 def _versions(doc: dict) -> dict[str, str]:
@@ -58,7 +58,7 @@ def test_the_engine_spin_reaches_the_verifier_replicas_environment():
     doc = deploy_yaml.with_changes(deploy_yaml.load(), absolute=True)
     args = deploy_yaml.app_args(doc, APP_NAME)
     env = build_app(args)._bound_deployment.ray_actor_options["runtime_env"]["env_vars"]
-    assert SPIN_ENV not in env or env[SPIN_ENV] == str(EagleClusterConfig.model_validate(args).verifier.engine_spin_s)
+    assert env[SPIN_ENV] == str(DEFAULT_SPIN_S)  # on unless the YAML says null
     args = {**args, "verifier": {**args["verifier"], "engine_spin_s": 0.01}}
     env = build_app(args)._bound_deployment.ray_actor_options["runtime_env"]["env_vars"]
     assert env[SPIN_ENV] == "0.01" and env["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
