@@ -44,7 +44,8 @@ from cluster.harness import HEADS, HTTP, cpu_yaml, load_prompts, post, serve_com
 MODES = ["target-only", "colocated-eagle", "colocated-eagle3", "cluster-eagle3", "cluster-eagle3-async",
          "cluster-eagle", "cluster-eagle-async", "cluster-eagle3-haproxy", "cluster-eagle3-async-haproxy",
          "cluster-eagle3-sched", "cluster-eagle3-k3", "cluster-eagle3-auto", "cluster-eagle3-auto-haproxy",
-         "cluster-eagle3-grpc", "cluster-eagle3-async-grpc", "cluster-eagle3-spin", "cluster-eagle3-async-spin"]
+         "cluster-eagle3-grpc", "cluster-eagle3-async-grpc", "cluster-eagle3-spin", "cluster-eagle3-async-spin",
+         "cluster-eagle3-nospin", "cluster-eagle3-async-nospin"]
 DRAFT_LENGTH_KEY = "num_speculative_tokens_per_batch_size"
 SCHEDULE = [[1, 2, 3], [3, 8, 1], [9, 1024, 0]]  # the fixed schedule of ``*-sched`` modes
 DEFAULT_MODES = ["target-only", "colocated-eagle3", "cluster-eagle3", "cluster-eagle3-async"]
@@ -106,10 +107,11 @@ def main() -> None:
                     mode_env["RAY_SERVE_PROXY_USE_GRPC"] = "1"
                 if "spin" in variants:  # vLLM's engine core sleeps after SPIN_S of waiting on its worker, not 1 s
                     mode_env[SPIN_ENV] = str(SPIN_S)
-                if {"sched", "k3", "auto"} & set(variants):
+                if {"sched", "k3", "auto", "nospin"} & set(variants):
                     length = SCHEDULE if "sched" in variants else "auto" if "auto" in variants else None
                     spec = {"method": method, "model": str(HEADS[method]), DRAFT_LENGTH_KEY: length}
-                    cmd, base = serve_command(cpu_yaml(Path(tmp) / f"{mode}.yaml", drafter=drafter,
+                    verifier = {"engine_spin_s": None} if "nospin" in variants else {}  # vLLM's own 1 s
+                    cmd, base = serve_command(cpu_yaml(Path(tmp) / f"{mode}.yaml", drafter=drafter, verifier=verifier,
                                                        speculative_config=spec)), HTTP
                 else:
                     cmd, base = cluster_server(method, Path(tmp), drafter, name="-".join(variants) or "sync")
