@@ -132,7 +132,7 @@ class HomePlan:
 
 
 @dataclass
-class _StepRun:
+class StepInFlight:
     """One step in flight through ``DraftClient.draft_batch``'s stages: the reply being filled and the time spent."""
 
     step: DraftStep
@@ -142,6 +142,7 @@ class _StepRun:
     dtype: str  # their ``hidden_dtype``
     reply: DraftReply
     errors: list[str] = field(default_factory=list)  # one per failed home
+    plans: list[HomePlan] = field(default_factory=list)  # each home's share, once its table was read
     homes: int = 0
     waited_homes: int = 0  # homes whose answer was waited for
     drafted: int = 0  # sequences whose drafts the verifier proposes (not prompt steps)
@@ -451,14 +452,26 @@ class DraftClient:
     def draft_batch(self, step: DraftStep, hidden: torch.Tensor) -> tuple[DraftReply, BatchTiming]:
         """``hidden``: ``[N, fused_hidden_size]``, the step's rows. Three stages over each home's share of the step
         (a ``HomePlan``): read its branch table and look the step up in it (``_read_tables``), send the sub-step and
-        ask for the next branches (``_send``), read the answers waited for (``_collect``)."""
+        ask for the next branches (``_send``), read the answers waited for (``_collect``). The same as
+        ``collect_batch(send_batch(step, hidden))``."""
+        return self.collect_batch(self.send_batch(step, hidden))
+
+    def send_batch(self, step: DraftStep, hidden: torch.Tensor) -> StepInFlight:
+        """Stages 1 and 2 of ``draft_batch``: every home's sub-step sent, nothing waited for but late branch tables.
+        The verifier does its own work meanwhile (vLLM's engine core sends the step's tokens to the clients) and
+        reads the drafts with ``collect_batch``."""
         run = self._start_step(step, hidden)
-        plans = self._read_tables(run)
-        self._send(run, plans)
-        self._collect(run, [p for p in plans if p.waited])
+        run.plans = self._read_tables(run)
+        self._send(run, run.plans)
+        return run
+
+    def collect_batch(self, run: StepInFlight) -> tuple[DraftReply, BatchTiming]:
+        """Stage 3 of ``draft_batch``: the answers waited for, within the step's deadline (counted from
+        ``send_batch``), and the reply."""
+        self._collect(run, [p for p in run.plans if p.waited])
         return self._end_step(run)
 
-    def _start_step(self, step: DraftStep, hidden: torch.Tensor) -> _StepRun:
+    def _start_step(self, step: DraftStep, hidden: torch.Tensor) -> StepInFlight:
         """Frees, drafters found meanwhile, homes for new sequences, the rows encoded; every sequence undrafted
         that has no home."""
         start = time.perf_counter()
@@ -470,9 +483,9 @@ class DraftClient:
         array, dtype = encode_hidden(hidden)
         reply = DraftReply(DraftStatus.OK, np.zeros((len(req_ids), step.num_speculative_tokens), np.int32))
         reply.undrafted = {i: Undrafted.NO_DRAFTER for i, rid in enumerate(req_ids) if rid not in self.home}
-        return _StepRun(step, req_ids, start + self.deadline.seconds(), array, dtype, reply)
+        return StepInFlight(step, req_ids, start + self.deadline.seconds(), array, dtype, reply)
 
-    def _read_tables(self, run: _StepRun) -> list[HomePlan]:
+    def _read_tables(self, run: StepInFlight) -> list[HomePlan]:
         """1. Each home's branch table for this step (``_table``: usually ready, else waited for), and each of its
         sequences' real outcome looked up in it (``BranchTable.lookup``): the hits get their drafts now."""
         plans = []
@@ -503,7 +516,7 @@ class DraftClient:
             plans.append(HomePlan(link, idx, sub, rows, found.misses))
         return plans
 
-    def _send(self, run: _StepRun, plans: list[HomePlan]) -> None:
+    def _send(self, run: StepInFlight, plans: list[HomePlan]) -> None:
         """2. Each home's sub-step (``draft_step``) and its next branches (``branches()``), neither waited for here.
         The misses' drafts are waited for (``HomePlan.waited``) only when enough of the step missed (see
         ``wait_for_misses``), or their drafter drafts no branches; otherwise the misses get no drafts this step,
@@ -530,7 +543,7 @@ class DraftClient:
             run.ship_ms += (time.perf_counter() - t) * 1e3
         self._send_frees()  # homes with finished sequences but nothing to draft this step
 
-    def _collect(self, run: _StepRun, waiting: list[HomePlan]) -> None:
+    def _collect(self, run: StepInFlight, waiting: list[HomePlan]) -> None:
         """3. The answers waited for: the misses' drafts, checked (``check_drafts``)."""
         import ray
 
@@ -554,7 +567,7 @@ class DraftClient:
             plan.link.report(r.active_sequences)
             run.compute_ms = max(run.compute_ms, r.compute_ms)
 
-    def _home_failed(self, run: _StepRun, link: DrafterLink, idx: list[int], error: Exception,
+    def _home_failed(self, run: StepInFlight, link: DrafterLink, idx: list[int], error: Exception,
                      waited: Any = None) -> None:
         """A home failed this step (its table, its call, its answer): its sequences get no drafts, it is dropped."""
         run.errors.append(f"{len(idx)} sequences: {type(error).__name__}: {str(error)[:200]}")
@@ -562,7 +575,7 @@ class DraftClient:
         run.reply.undrafted.update(dict.fromkeys(idx, Undrafted.FAILED))
 
     @staticmethod
-    def _end_step(run: _StepRun) -> tuple[DraftReply, BatchTiming]:
+    def _end_step(run: StepInFlight) -> tuple[DraftReply, BatchTiming]:
         reply = run.reply
         if run.errors:
             reply.status = DraftStatus.PARTIAL if len(run.errors) < run.homes else DraftStatus.FAILED

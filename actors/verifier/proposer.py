@@ -44,7 +44,7 @@ from vllm.v1.utils import CpuGpuBuffer
 from actors.messages import DraftStatus, DraftStep, SeqRole, SeqSlice
 from actors.metrics import ProposerStats, SpecDecodeStats, WaitHistogram
 from actors.timing import ms_since
-from actors.verifier.client import BatchTiming, DraftClient, Undrafted, check_drafts
+from actors.verifier.client import BatchTiming, DraftClient, StepInFlight, Undrafted, check_drafts
 from actors.verifier.draft_length import DraftLength, FixedDraftLength, bucket, build_draft_length
 from actors.verifier.prefix import PromptAnnouncer
 from actors.wire import encode_hidden
@@ -58,11 +58,22 @@ MAX_TIMINGS = 65536  # per-step timings kept (the latest)
 class StepTiming:
     batch_size: int
     num_tokens: int
-    propose_ms: float  # whole propose() call, as seen by the runner
+    propose_ms: float  # the verifier's time on the step's drafts: propose() and collect_drafts() (not the gap)
     ship_ms: float
     wait_ms: float  # blocked on drafters (beyond their compute, when an answer was awaited)
     compute_ms: float
     all_hits: bool  # no drafter answer was awaited (every sequence a branch hit, or a prompt step)
+
+
+class _InFlight(NamedTuple):
+    """A step ``propose`` sent to the drafters, until ``collect_drafts`` reads its drafts."""
+
+    run: StepInFlight  # the client's
+    step: DraftStep
+    batch_size: int
+    k_step: int  # draft tokens per sequence this step (the draft-length policy's choice, <= k)
+    device: torch.device  # the verifier's, where the drafts go
+    propose_ms: float  # the time propose() took
 
 
 class SentDrafts(NamedTuple):
@@ -206,6 +217,7 @@ class RemoteEagleProposer(EagleProposer):
                                                             vllm_config.scheduler_config.max_num_seqs)
         self.state.speculative_tokens = [0] * (spec_k + 1)
         self._last_step: tuple[float, int, int] | None = None  # (propose's start, batch size, k) of a clean step
+        self._in_flight: _InFlight | None = None  # sent by propose, read by collect_drafts
 
     # --- images ------------------------------------------------------------------------------------
     # vLLM's runner gathers the image embeddings for the drafter (``_gather_mm_embeddings``, every step) when the
@@ -315,6 +327,7 @@ class RemoteEagleProposer(EagleProposer):
         k = num_speculative_tokens
         batch_size = common_attn_metadata.batch_size()
         placeholder = torch.zeros(batch_size, k, dtype=torch.long, device=target_token_ids.device)
+        self.settle()
         self.draft_lengths = {}
         if not self.is_driver or self.client is None:
             return placeholder
@@ -349,19 +362,46 @@ class RemoteEagleProposer(EagleProposer):
         self._attach_images(step, mm_embed_inputs, rows, int(qsl[-1]), token_indices_to_sample is not None,
                             hidden.dtype)
         self.state.steps += 1
-        answer = self._draft_remotely(step, hidden, batch_size, placeholder.device)
-        if answer is None:
+        try:
+            run = self.client.send_batch(step, hidden)
+        except Exception as e:
+            self.state.failures += 1
+            logger.warning("drafter failed at step %d (%s); this step proposes no drafts", step.step_id, e)
+            self._undraft(seqs, dict.fromkeys(range(len(seqs)), Undrafted.FAILED))
             return placeholder
+        self._in_flight = _InFlight(run, step, batch_size, k_step, placeholder.device,
+                                    (time.perf_counter() - start) * 1e3)
+        return placeholder
+
+    def collect_drafts(self) -> torch.Tensor | None:  # [batch_size, k]
+        """The drafts of the step ``propose`` sent, waited for now: the worker's ``take_draft_token_ids``, which
+        vLLM's engine core calls after it has sent the step's tokens to the clients (``post_step``), so the
+        drafter drafts while the verifier's outputs travel. None when this step shipped nothing (a target-only
+        step, no usable drafter, a tensor-parallel rank other than the driver); each sequence without drafts gets
+        none this step (``limit_drafts``)."""
+        flight, self._in_flight = self._in_flight, None
+        if flight is None:
+            return None
+        start = time.perf_counter()
+        answer = self._read_answer(flight)
+        if answer is None:
+            return None
         drafts, timing = answer
-        if k_step < k:
-            for s in seqs:
-                self.limit_drafts(s.req_id, k_step)
+        if flight.k_step < flight.step.num_speculative_tokens:
+            for s in flight.step.seqs:
+                self.limit_drafts(s.req_id, flight.k_step)
         self.state.timings.append(
-            StepTiming(batch_size, int(rows.numel()), ms_since(start, self.device), timing.ship_ms,
-                       timing.wait_ms, timing.compute_ms, timing.all_hits)
+            StepTiming(flight.batch_size, len(flight.step.input_ids), flight.propose_ms + ms_since(start, self.device),
+                       timing.ship_ms, timing.wait_ms, timing.compute_ms, timing.all_hits)
         )
         self.state.waits.observe(timing.wait_ms)  # /metrics: eagle_cluster_step_wait_seconds
         return drafts
+
+    def settle(self) -> None:
+        """A step's drafts that vLLM never took (it calls ``take_draft_token_ids`` after every step that ran the
+        model, so this is a guard): read and dropped before the next step, so the client's state stays whole."""
+        if self._in_flight is not None:
+            self.collect_drafts()
 
     def _attach_images(self, step: DraftStep, mm_embed_inputs, rows: torch.Tensor, num_tokens: int, padded: bool,
                        dtype: torch.dtype) -> None:
@@ -375,22 +415,22 @@ class RemoteEagleProposer(EagleProposer):
             step.mm_embeds, _ = encode_hidden(mm_embeds.to(dtype))
             self.state.mm_rows_shipped += len(mm_rows)
 
-    def _draft_remotely(self, step: DraftStep, hidden: torch.Tensor, batch_size: int,
-                        device: torch.device) -> tuple[torch.Tensor, BatchTiming] | None:
-        """The client's drafts ``[batch_size, k]`` on ``device`` and its timing, the sequences it has none for
-        undrafted; None (every sequence undrafted) when it raises: a drafter that errors or dies never fails a
-        request."""
+    def _read_answer(self, flight: _InFlight) -> tuple[torch.Tensor, BatchTiming] | None:
+        """The client's drafts ``[batch_size, k]`` on the verifier's device and its timing, the sequences it has
+        none for undrafted; None (every sequence undrafted) when it raises: a drafter that errors or dies never
+        fails a request."""
+        step = flight.step
         seqs, k = step.seqs, step.num_speculative_tokens
         try:
-            reply, timing = self.client.draft_batch(step, hidden)
+            reply, timing = self.client.collect_batch(flight.run)
             if reply.status is not DraftStatus.OK:  # some drafter failed: its sequences get no drafts this step
                 self.state.failures += 1
                 logger.warning("drafter failed for %s of step %d (%s)",
                                "all" if reply.status is DraftStatus.FAILED else "part", step.step_id, reply.error)
             # Whatever client is configured, vLLM gets [batch_size, k] ids of its vocabulary.
-            checked = check_drafts(np.asarray(reply.draft_token_ids), batch_size, k,
+            checked = check_drafts(np.asarray(reply.draft_token_ids), flight.batch_size, k,
                                    getattr(self.client, "vocab_size", None))
-            drafts = torch.from_numpy(checked.astype(np.int64)).to(device)
+            drafts = torch.from_numpy(checked.astype(np.int64)).to(flight.device)
             self._record_hits(seqs, reply.branch_lookups, reply.hit_seqs)
         except Exception as e:
             self.state.failures += 1

@@ -8,7 +8,10 @@ get the same CPU kernel fix (``actors.vllm_fixes``) and the same per-step timing
 comes from ``additional_config["eagle_cluster"]["draft_client"]`` (see ``actors.verifier.client.build_client``).
 
 ``take_draft_token_ids`` hands vLLM's scheduler each request's drafts cut to the length the proposer chose this step
-(none at all when no drafter can draft it: vLLM then schedules and verifies no draft tokens for it).
+(none at all when no drafter can draft it: vLLM then schedules and verifies no draft tokens for it). It is also where
+the verifier waits for the drafters: ``propose`` (inside ``sample_tokens``) only sends the step, and vLLM's engine
+core asks for the drafts (``post_step``) after it has sent the step's tokens to the clients, so a prompt step's first
+token, and every step's tokens, go out while the drafter drafts.
 
 RPCs (``LLM.collective_rpc`` / ``engine.collective_rpc``): ``eagle_cluster_stats`` returns the proposer's
 counters, timings and per-request acceptance as plain dicts.
@@ -17,6 +20,7 @@ counters, timings and per-request acceptance as plain dicts.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from collections import deque
@@ -37,6 +41,8 @@ from actors.verifier.client import build_client
 from actors.verifier.options import ASYNC_SCHEDULING, PIPELINE_PARALLEL
 from actors.verifier.owner_watch import watch_owner
 from actors.verifier.proposer import MAX_TIMINGS, ProposerState, RemoteEagleProposer
+
+logger = logging.getLogger(__name__)
 
 CONFIG_KEY = "eagle_cluster"
 
@@ -109,6 +115,7 @@ class RemoteDraftWorker(_PlatformWorker):
     def execute_model(self, scheduler_output, *args: Any, **kwargs: Any):
         drafter = getattr(self.model_runner, "drafter", None)
         if isinstance(drafter, RemoteEagleProposer):
+            drafter.settle()
             drafter.draft_lengths = {}  # this step's, set by propose (the runner may not call it)
             if scheduler_output.total_num_scheduled_tokens == 0:
                 # The engine's last step before going idle carries the requests that just finished: free their
@@ -132,11 +139,19 @@ class RemoteDraftWorker(_PlatformWorker):
         (no usable drafter, its drafter failed, ...) is scheduled no draft tokens, so vLLM verifies none for it, and
         a step with none at all costs what a target-only step costs. The scheduler reads the output rank's answer:
         tensor-parallel rank 0, the driver."""
-        drafts = super().take_draft_token_ids()
+        drafts = super().take_draft_token_ids()  # the runner's: the step's req_ids, and the placeholders propose gave
         drafter = getattr(self.model_runner, "drafter", None)
-        if drafts is not None and isinstance(drafter, RemoteEagleProposer):
-            drafts = drafter.trim_drafts(drafts)
-        return drafts
+        if not isinstance(drafter, RemoteEagleProposer):
+            return drafts
+        ids = drafter.collect_drafts()  # [batch_size, k], the drafters' answers, waited for only now
+        if drafts is None:
+            return None
+        if ids is not None and len(ids) == len(drafts.req_ids):
+            drafts = DraftTokenIds(drafts.req_ids, ids.tolist())
+        elif ids is not None:  # not the batch propose saw: schedule no drafts rather than wrong ones
+            logger.warning("drafts for %d requests, the runner has %d: none scheduled", len(ids), len(drafts.req_ids))
+            return DraftTokenIds(drafts.req_ids, [[] for _ in drafts.req_ids])
+        return drafter.trim_drafts(drafts)
 
     def init_device(self) -> None:
         super().init_device()

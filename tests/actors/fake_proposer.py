@@ -15,7 +15,18 @@ from actors.verifier.proposer import ProposerState, RemoteEagleProposer
 K = 2
 
 
-class Client:
+class InstantClient:
+    """A fake client's ``send_batch`` / ``collect_batch`` (what the proposer calls) from its ``draft_batch``: the
+    answer is made when the step is sent, and read back as it is."""
+
+    def send_batch(self, step: DraftStep, hidden: torch.Tensor) -> tuple[DraftReply, BatchTiming]:
+        return self.draft_batch(step, hidden)
+
+    def collect_batch(self, run: tuple[DraftReply, BatchTiming]) -> tuple[DraftReply, BatchTiming]:
+        return run
+
+
+class Client(InstantClient):
     """Records the steps and frees it gets; drafts 7s."""
 
     vocab_size = 100
@@ -42,17 +53,26 @@ def proposer() -> RemoteEagleProposer:
     p.is_driver, p.client, p.state, p._finished, p.device = True, Client(), ProposerState(), set(), torch.device("cpu")
     p.runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=[]))
     p.draft_lengths = {}
+    p._in_flight = None
     return p
 
 
-def run_step(p: RemoteEagleProposer, seqs: list[tuple[str, int, int]]) -> DraftStep:
-    """One step of the batch ``seqs``: (req_id, first position, rows), every row accepted; the step the client got."""
+def send_step(p: RemoteEagleProposer, seqs: list[tuple[str, int, int]]) -> torch.Tensor:
+    """``propose`` for the batch ``seqs``: (req_id, first position, rows), every row accepted; the step is sent to
+    the client and nothing is read back yet; returns propose's placeholders."""
     p.runner.input_batch.req_ids = [rid for rid, _, _ in seqs]
     counts = [n for _, _, n in seqs]
     qsl = torch.tensor([0, *np.cumsum(counts).tolist()])
     positions = torch.cat([torch.arange(pos, pos + n) for _, pos, n in seqs])
     num_tokens = int(qsl[-1])
     meta = SimpleNamespace(batch_size=lambda: len(seqs), query_start_loc_cpu=qsl)
-    p.propose(K, torch.arange(num_tokens), positions, torch.zeros(num_tokens, 4), torch.full((len(seqs),), 9), None,
-              meta, None)
+    return p.propose(K, torch.arange(num_tokens), positions, torch.zeros(num_tokens, 4), torch.full((len(seqs),), 9),
+                     None, meta, None)
+
+
+def run_step(p: RemoteEagleProposer, seqs: list[tuple[str, int, int]]) -> DraftStep:
+    """One step of the batch ``seqs`` (``send_step``), its drafts then read by ``collect_drafts``, as vLLM's runner
+    and engine core do; the step the client got."""
+    send_step(p, seqs)
+    p.collect_drafts()
     return p.client.steps[-1]

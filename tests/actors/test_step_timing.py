@@ -87,12 +87,13 @@ def test_worker_without_a_device_yet_times_on_the_host(syncs):
 
 
 def test_remote_propose_times_until_the_device_is_done(monkeypatch):
-    """The proposer's propose_ms ends after the drafts were copied to the verifier's device."""
+    """The proposer's propose_ms ends after the drafts were copied to the verifier's device (``collect_drafts``)."""
     from actors.messages import DraftStatus
     from actors.verifier.client import BatchTiming, DraftReply
     from actors.verifier.proposer import ProposerState, RemoteEagleProposer
+    from tests.actors.fake_proposer import InstantClient
 
-    class Client:
+    class Client(InstantClient):
         def usable(self):
             return True
 
@@ -105,7 +106,11 @@ def test_remote_propose_times_until_the_device_is_done(monkeypatch):
     p = object.__new__(RemoteEagleProposer)  # what propose() reads; no vLLM config
     p.is_driver, p.client, p.state, p._finished, p.device = True, Client(), ProposerState(), set(), torch.device("cpu")
     p.runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=["a", "b"]))
+    p._in_flight = None
     meta = SimpleNamespace(batch_size=lambda: 2, query_start_loc_cpu=torch.tensor([0, 3, 5]))
-    drafts = p.propose(2, torch.arange(5), torch.arange(5), torch.zeros(5, 4), torch.tensor([9, 9]), None, meta, None)
+    placeholders = p.propose(2, torch.arange(5), torch.arange(5), torch.zeros(5, 4), torch.tensor([9, 9]), None, meta,
+                             None)
+    assert placeholders.tolist() == [[0, 0], [0, 0]] and waited == [] and not p.state.timings
+    drafts = p.collect_drafts()
     assert drafts.tolist() == [[7, 7], [7, 7]]
     assert waited == [p.device] and len(p.state.timings) == 1

@@ -17,7 +17,7 @@ from actors.metrics import ProposerStats
 from actors.verifier.client import BatchTiming, DraftReply, Undrafted
 from actors.verifier.proposer import RemoteEagleProposer, SentDrafts
 from actors.verifier.worker import RemoteDraftWorker
-from tests.actors.fake_proposer import K, proposer, run_step
+from tests.actors.fake_proposer import InstantClient, K, proposer, run_step
 
 
 def scheduled(p: RemoteEagleProposer, req_ids: list[str]) -> list[list[int]]:
@@ -58,7 +58,7 @@ def test_no_usable_drafter_schedules_no_draft_tokens_and_ships_nothing():
     assert p.state.pending["a"] == SentDrafts(K, 7, "on_demand")
 
 
-class PartlyFailing:
+class PartlyFailing(InstantClient):
     """A client whose drafter for ``b`` failed this step (status PARTIAL, ``b`` undrafted)."""
 
     vocab_size = 100
