@@ -35,17 +35,16 @@ HISTOGRAMS = {"engine": "vllm:time_to_first_token_seconds", "prefill": "vllm:req
 
 
 def histogram_sums(prometheus_text: str) -> dict[str, tuple[float, float]]:
-    """(sum, count) of each of ``HISTOGRAMS`` in a ``/metrics`` page, over all label sets."""
-    out = {}
-    for key, name in HISTOGRAMS.items():
-        total = count = 0.0
-        for line in prometheus_text.splitlines():
-            if line.startswith(name + "_sum"):
-                total += float(line.rsplit(" ", 1)[1])
-            elif line.startswith(name + "_count"):
-                count += float(line.rsplit(" ", 1)[1])
-        out[key] = (total, count)
-    return out
+    """(sum, count) of each of ``HISTOGRAMS`` in a ``/metrics`` page, over all label sets (read with
+    ``prometheus_client``'s parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = {name + suffix: 0.0 for name in HISTOGRAMS.values() for suffix in ("_sum", "_count")}
+    for family in text_string_to_metric_families(prometheus_text):
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += sample.value
+    return {key: (totals[name + "_sum"], totals[name + "_count"]) for key, name in HISTOGRAMS.items()}
 
 
 def metrics(base: str) -> dict[str, tuple[float, float]]:

@@ -69,8 +69,7 @@ class _InFlight(NamedTuple):
     """A step ``propose`` sent to the drafters, until ``collect_drafts`` reads its drafts."""
 
     run: StepInFlight  # the client's
-    step: DraftStep
-    batch_size: int
+    step: DraftStep  # one SeqSlice per sequence of the runner's batch, in its order
     k_step: int  # draft tokens per sequence this step (the draft-length policy's choice, <= k)
     device: torch.device  # the verifier's, where the drafts go
     propose_ms: float  # the time propose() took
@@ -365,11 +364,9 @@ class RemoteEagleProposer(EagleProposer):
         try:
             run = self.client.send_batch(step, hidden)
         except Exception as e:
-            self.state.failures += 1
-            logger.warning("drafter failed at step %d (%s); this step proposes no drafts", step.step_id, e)
-            self._undraft(seqs, dict.fromkeys(range(len(seqs)), Undrafted.FAILED))
+            self._step_failed(step, e)
             return placeholder
-        self._in_flight = _InFlight(run, step, batch_size, k_step, placeholder.device,
+        self._in_flight = _InFlight(run, step, k_step, placeholder.device,
                                     (time.perf_counter() - start) * 1e3)
         return placeholder
 
@@ -387,11 +384,12 @@ class RemoteEagleProposer(EagleProposer):
         if answer is None:
             return None
         drafts, timing = answer
-        if flight.k_step < flight.step.num_speculative_tokens:
-            for s in flight.step.seqs:
+        step = flight.step
+        if flight.k_step < step.num_speculative_tokens:
+            for s in step.seqs:
                 self.limit_drafts(s.req_id, flight.k_step)
         self.state.timings.append(
-            StepTiming(flight.batch_size, len(flight.step.input_ids), flight.propose_ms + ms_since(start, self.device),
+            StepTiming(len(step.seqs), len(step.input_ids), flight.propose_ms + ms_since(start, self.device),
                        timing.ship_ms, timing.wait_ms, timing.compute_ms, timing.all_hits)
         )
         self.state.waits.observe(timing.wait_ms)  # /metrics: eagle_cluster_step_wait_seconds
@@ -428,17 +426,21 @@ class RemoteEagleProposer(EagleProposer):
                 logger.warning("drafter failed for %s of step %d (%s)",
                                "all" if reply.status is DraftStatus.FAILED else "part", step.step_id, reply.error)
             # Whatever client is configured, vLLM gets [batch_size, k] ids of its vocabulary.
-            checked = check_drafts(np.asarray(reply.draft_token_ids), flight.batch_size, k,
+            checked = check_drafts(np.asarray(reply.draft_token_ids), len(seqs), k,
                                    getattr(self.client, "vocab_size", None))
             drafts = torch.from_numpy(checked.astype(np.int64)).to(flight.device)
             self._record_hits(seqs, reply.branch_lookups, reply.hit_seqs)
         except Exception as e:
-            self.state.failures += 1
-            logger.warning("drafter failed at step %d (%s); this step proposes no drafts", step.step_id, e)
-            self._undraft(seqs, dict.fromkeys(range(len(seqs)), Undrafted.FAILED))
+            self._step_failed(step, e)
             return None
         self._undraft(seqs, reply.undrafted)
         return drafts, timing
+
+    def _step_failed(self, step: DraftStep, error: Exception) -> None:
+        """Sending the step or reading its answer raised: no sequence of it gets drafts this step."""
+        self.state.failures += 1
+        logger.warning("drafter failed at step %d (%s); this step proposes no drafts", step.step_id, error)
+        self._undraft(step.seqs, dict.fromkeys(range(len(step.seqs)), Undrafted.FAILED))
 
     def _prompt_roles(self, seqs: list[SeqSlice]) -> tuple[list[SeqSlice], list[bool]]:
         """(seqs with ``SeqRole.CONTEXT`` for a step whose rows end in the prompt, whether each is a partial
