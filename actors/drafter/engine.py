@@ -231,7 +231,7 @@ class DrafterEngine:
         max_model_len, max_num_seqs, kv_cache_gib = config.max_model_len, config.max_num_seqs, config.kv_cache_gib
         prefix_cache_fraction = config.prefix_cache_fraction
         self.dtype = dtype or head.embed_tokens.weight.dtype
-        self.head = head.cast(self.dtype).to(device).eval().fuse()
+        self.head = head.cast(self.dtype).to(device).eval().fuse(max_positions=config.max_model_len + 1)
         self.device = device
         spec = head.spec
         self.spec = spec

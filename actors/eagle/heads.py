@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from actors.eagle import kernels
 from actors.eagle.layers import MLP, AttendFn, DraftAttention, RMSNorm
 from actors.eagle.spec import DraftMethod, HeadSpec
 
@@ -97,11 +98,16 @@ class DraftHead(nn.Module):
             layer.self_attn.reset_freqs()
         return self
 
-    def fuse(self) -> DraftHead:
-        """For inference (the drafter engine): q/k/v and gate/up projections as one matmul each."""
+    def fuse(self, max_positions: int | None = None) -> DraftHead:
+        """For inference (the drafter engine), after ``cast`` and the move to the device: q/k/v and gate/up
+        projections as one matmul each, and where vLLM is installed its kernels for RMSNorm, rotary (positions below
+        ``max_positions``) and SiLU-and-multiply (``actors.eagle.kernels``)."""
         for layer in self.layers:
-            layer.self_attn.fuse()
+            layer.self_attn.fuse(max_positions)
             (layer.feed_forward if hasattr(layer, "feed_forward") else layer.mlp).fuse()
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.use_kernel = kernels.available()
         return self
 
     @property

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from actors.eagle import kernels
 from actors.eagle.spec import HeadSpec, RopeSpec
 
 # (layer index, q [..., num_heads, head_dim], k/v [..., num_kv_heads, head_dim], positions [...]) -> [..., heads*dim]
@@ -28,8 +29,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.use_kernel = False  # vLLM's kernel (``actors.eagle.kernels``), for inference: see ``DraftHead.fuse``
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_kernel:
+            return kernels.rms_norm(x, self.weight, self.eps)
         return rms_norm(x, self.eps, self.weight)
 
 
@@ -105,16 +109,20 @@ class DraftAttention(nn.Module):
         self.register_buffer("freqs", inv_freq(spec.rope, d), persistent=False)
         self.fused_qkv: torch.Tensor | None = None  # [(heads + 2 * kv_heads) * head_dim, input_size], see fuse()
         self.fused_qkv_bias: torch.Tensor | None = None
+        self.cos_sin: torch.Tensor | None = None  # [max_positions, head_dim] for vLLM's rotary kernel, see fuse()
 
     def reset_freqs(self) -> None:
         """Rotary frequencies in float32 again, after a cast of the whole module (``DraftHead.cast``)."""
         self.freqs = inv_freq(self.spec.rope, self.spec.head_dim).to(self.freqs.device)
 
-    def fuse(self) -> None:
-        """For inference: one matmul for q, k and v (the weights stay as they are, for saving and training)."""
+    def fuse(self, max_positions: int | None = None) -> None:
+        """For inference: one matmul for q, k and v (the weights stay as they are, for saving and training), and
+        with ``max_positions`` and vLLM's kernels at hand, rotary by vLLM's kernel for positions below it."""
         self.fused_qkv = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach()
         if self.q_proj.bias is not None:
             self.fused_qkv_bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]).detach()
+        if max_positions and self.use_rope and kernels.available():
+            self.cos_sin = kernels.cos_sin_cache(self.freqs, max_positions, self.fused_qkv.dtype)
 
     @property
     def chunk_size(self) -> int | None:
@@ -130,12 +138,16 @@ class DraftAttention(nn.Module):
         if self.fused_qkv is not None:
             h, kv = self.spec.num_heads * d, self.spec.num_kv_heads * d
             q, k, v = F.linear(x, self.fused_qkv, self.fused_qkv_bias).split([h, kv, kv], dim=-1)
+            rotated = self.cos_sin is not None and positions.ndim == 1  # flat rows: the kernel's layout
+            if rotated:
+                kernels.rotary_(positions, q, k, d, self.cos_sin)  # in place, on the matmul's output
             q, k, v = q.unflatten(-1, (-1, d)), k.unflatten(-1, (-1, d)), v.unflatten(-1, (-1, d))
         else:
+            rotated = False
             q = self.q_proj(x).unflatten(-1, (-1, d))  # [..., num_heads, head_dim]
             k = self.k_proj(x).unflatten(-1, (-1, d))  # [..., num_kv_heads, head_dim]
             v = self.v_proj(x).unflatten(-1, (-1, d))
-        if self.use_rope:
+        if self.use_rope and not rotated:
             cos_sin = rotary_cos_sin(positions, self.freqs)
             q = apply_neox_rotary(q, cos_sin)
             k = apply_neox_rotary(k, cos_sin)
@@ -158,13 +170,17 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.fused_gate_up: torch.Tensor | None = None  # [2 * intermediate, hidden], see fuse()
+        self.use_kernel = False
 
     def fuse(self) -> None:
-        """For inference: one matmul for gate and up."""
+        """For inference: one matmul for gate and up (and vLLM's ``silu_and_mul`` after it, where it is at hand)."""
         self.fused_gate_up = torch.cat([self.gate_proj.weight, self.up_proj.weight]).detach()
+        self.use_kernel = kernels.available()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused_gate_up is not None:
+            if self.use_kernel:
+                return self.down_proj(kernels.silu_and_mul(F.linear(x, self.fused_gate_up)))
             gate, up = F.linear(x, self.fused_gate_up).chunk(2, dim=-1)
             return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
