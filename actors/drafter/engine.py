@@ -94,14 +94,22 @@ class CacheAttention:
         self.cache, self.b, self.chunks = cache, batch, chunk_sizes
         b = batch
         num_seqs = b.slots.numel()
-        # Query positions, padded: [B, max_rows]; padding rows get position -1 (masked out below).
-        self.q_pos = torch.full((num_seqs, b.max_rows), -1, dtype=torch.long)
-        self.q_pos[b.row_seq, b.row_local] = b.positions
-        self.first_pos = self.q_pos[:, 0]  # [B] rows of a sequence are consecutive positions
-        self.last_pos = self.q_pos.max(dim=1).values  # [B]
+        # A decode pass (one row per sequence, in sequence order) needs no padding and no scatter of its rows.
+        self.one_row = b.max_rows == 1 and b.row_seq.numel() == num_seqs
+        if self.one_row:
+            self.q_pos = b.positions[:, None]  # [B, 1]
+            self.first_pos = self.last_pos = b.positions
+        else:
+            # Query positions, padded: [B, max_rows]; padding rows get position -1 (masked out below).
+            self.q_pos = torch.full((num_seqs, b.max_rows), -1, dtype=torch.long)
+            self.q_pos[b.row_seq, b.row_local] = b.positions
+            self.first_pos = self.q_pos[:, 0]  # [B] rows of a sequence are consecutive positions
+            self.last_pos = self.q_pos.max(dim=1).values  # [B]
+        self.padded = not self.one_row and b.row_seq.numel() < num_seqs * b.max_rows
         self.q_pos_d = self.q_pos.to(b.device)
         self.known_from_d = cache.known_from[b.slots].to(b.device)  # [B]
-        self.gap_d = (cache.gap_lo[b.slots].to(b.device), cache.gap_hi[b.slots].to(b.device))  # [B] each
+        gap_lo, gap_hi = cache.gap_lo[b.slots], cache.gap_hi[b.slots]
+        self.gap_d = (gap_lo.to(b.device), gap_hi.to(b.device)) if bool((gap_hi > gap_lo).any()) else None
         self._windows: dict[int | None, tuple[torch.Tensor, torch.Tensor]] = {}
         self._masks: dict[int | None, torch.Tensor] = {}  # when one block holds all query rows
 
@@ -119,11 +127,14 @@ class CacheAttention:
         """[B, len(rows), width] bool, True = may attend, for query rows ``rows`` and device key positions."""
         q = self.q_pos_d[:, rows, None]
         k = key_pos[:, None, :]
-        m = (k <= q) & (q >= 0) & (k >= self.known_from_d[:, None, None])
-        m &= (k < self.gap_d[0][:, None, None]) | (k >= self.gap_d[1][:, None, None])  # no gap: lo >= hi
+        m = (k <= q) & (k >= self.known_from_d[:, None, None])
+        if self.gap_d is not None:  # some sequence has a gap (none: lo >= hi)
+            m &= (k < self.gap_d[0][:, None, None]) | (k >= self.gap_d[1][:, None, None])
         if chunk:
             m &= (k // chunk) == (q // chunk)
-        m[:, :, 0] |= q[:, :, 0] < 0  # padding rows see one key, to keep softmax finite
+        if self.padded:
+            m &= q >= 0
+            m[:, :, 0] |= q[:, :, 0] < 0  # padding rows see one key, to keep softmax finite
         return m
 
     def __call__(self, layer: int, q, k, v, positions) -> torch.Tensor:
@@ -134,8 +145,11 @@ class CacheAttention:
         keys, values = self.cache.read_window(layer, b.slots, key_pos)
         keys, values = keys.to(q.dtype), values.to(q.dtype)
         num_seqs, width = b.slots.numel(), key_pos.shape[1]
-        qp = q.new_zeros(num_seqs, b.max_rows, *q.shape[1:])
-        qp[dev["row_seq"], dev["row_local"]] = q
+        if self.one_row:
+            qp = q[:, None]  # [B, 1, heads, head_dim]
+        else:
+            qp = q.new_zeros(num_seqs, b.max_rows, *q.shape[1:])
+            qp[dev["row_seq"], dev["row_local"]] = q
         block = max(1, MAX_SCORES // (num_seqs * q.shape[-2] * width))
         if block >= b.max_rows:
             if chunk not in self._masks:
@@ -145,7 +159,7 @@ class CacheAttention:
             out = torch.cat([sdpa_attend(qp[:, r : r + block], keys, values,
                                          self.mask(chunk, key_pos_d, slice(r, r + block)))
                              for r in range(0, b.max_rows, block)], dim=1)
-        return out[dev["row_seq"], dev["row_local"]]  # [N, heads * head_dim]
+        return out[:, 0] if self.one_row else out[dev["row_seq"], dev["row_local"]]  # [N, heads * head_dim]
 
 
 class TensorDrafts(NamedTuple):
