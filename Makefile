@@ -19,15 +19,20 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import shutil, sysconfig, pathlib; lib = pathlib.Path(sysconfig.get_paths()['purelib']); shutil.copy('actors/torchvision_cpu.py', lib / 'eagle_cluster_torchvision_cpu.py'); (lib / 'eagle_cluster_torchvision_cpu.pth').write_text('import eagle_cluster_torchvision_cpu as m; m.install()\\n')"
 	touch $(STAMP)
 
+# Serve's HAProxy ingress (cluster/serve_env.py), in the environment of the commands that start Ray and Serve;
+# `make serve RAY_SERVE_ENABLE_HA_PROXY=0` keeps Serve's Python proxy.
+RAY_SERVE_ENABLE_HA_PROXY ?= 1
+SERVE_ENV := RAY_SERVE_ENABLE_HA_PROXY=$(RAY_SERVE_ENABLE_HA_PROXY)
+
 demo: $(STAMP)
 	$(PY) -m cluster.demo
 
 serve: $(STAMP)
-	$(VENV)/bin/serve run deploy/cpu.yaml
+	$(SERVE_ENV) $(VENV)/bin/serve run deploy/cpu.yaml
 
 # serve deploy against a long-lived Ray cluster (started here if none is running); RAY_AUTH_MODE: see README.
 deploy: $(STAMP)
-	RAY_AUTH_MODE=token $(VENV)/bin/ray status >/dev/null 2>&1 || $(VENV)/bin/ray start --head --disable-usage-stats
+	RAY_AUTH_MODE=token $(VENV)/bin/ray status >/dev/null 2>&1 || $(SERVE_ENV) $(VENV)/bin/ray start --head --disable-usage-stats
 	RAY_AUTH_MODE=token $(VENV)/bin/serve deploy deploy/cpu.yaml
 	@echo "RAY_AUTH_MODE=token $(VENV)/bin/serve status   # until eagle-cluster: RUNNING"
 

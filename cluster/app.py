@@ -31,7 +31,6 @@ bind what validation built: the verifier its ``EagleClusterConfig``, each drafte
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from ray import serve
@@ -39,6 +38,7 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
 from actors.engine_spin import SPIN_ENV
+from cluster import serve_env
 from cluster.config import DRAFTER_DEPLOYMENT, DrafterPoolConfig, EagleClusterConfig
 from cluster.drafter_pool.front import DrafterPoolFront
 from cluster.drafter_pool.router import SequenceAffinityRouter
@@ -90,7 +90,7 @@ def build_drafter_app(args: dict[str, Any]) -> Application:
     else:
         drafter_opts["num_replicas"] = d.num_replicas or 1
     drafters = serve.deployment(DrafterServer).options(**drafter_opts).bind(d.for_drafter(), actor_opts, d.timeout_s)
-    if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
+    if not serve_env.haproxy_enabled():  # read where the application is built: the Serve node's environment
         return drafters
     # Serve's HAProxy ingress refuses an application ingress with a custom router: a plain front instead.
     front = serve.deployment(DrafterPoolFront).options(name=DRAFTER_FRONT, ray_actor_options={"num_cpus": 0})

@@ -48,7 +48,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from cluster import deploy_yaml
+from cluster import deploy_yaml, serve_env
 from cluster.config import (
     DrafterConfig,
     DrafterPoolConfig,
@@ -255,6 +255,7 @@ def _check_serve_schema(doc: dict[str, Any]) -> None:
 def _serve_cli(*argv: str) -> None:
     """Become Ray's ``serve`` command (a fresh process: nothing of vLLM imported, Ctrl-C as ``serve run`` takes it)."""
     code = "import sys; from ray.serve.scripts import cli; sys.argv[0] = 'serve'; sys.exit(cli())"
+    serve_env.apply()  # `serve run` starts Ray here: its Serve processes take the product's defaults
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-c", code, *argv])

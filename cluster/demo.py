@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--keep", action="store_true", help="keep serving until Ctrl-C")
     args = p.parse_args(argv)
 
+    from cluster import serve_env
+
+    serve_env.apply()  # before Ray is imported and started: Serve's controller and proxy read it
     import ray
     from openai import OpenAI
     from ray import serve

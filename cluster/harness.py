@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cluster import deploy_yaml
+from cluster import deploy_yaml, serve_env
 from cluster.config import APP_NAME, DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT, PROJECT_ROOT
 
 MODELS = PROJECT_ROOT / "models"
@@ -98,7 +98,7 @@ def serve_command(config: Path) -> list[str]:
 def start(cmd: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen:
     """A server command in its own process group (``stop`` ends the group), from the project's folder; its output
     to ``log`` if given, else dropped."""
-    env = {**os.environ, "RAY_DEDUP_LOGS": "0", **(env or {})}
+    env = {**serve_env.environment(), "RAY_DEDUP_LOGS": "0", **(env or {})}  # the product's Serve defaults
     with open(log, "wb") if log else contextlib.nullcontext(subprocess.DEVNULL) as out:
         return subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)

@@ -6,8 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cluster import serve_env
 from cluster.config import PROJECT_ROOT
 from cluster.harness import EAGLE1, EAGLE1_3L, EAGLE3, MODELS, TARGET
+
+# The product's Serve defaults (the HAProxy ingress) for every Ray a test starts; nothing above imports Ray.
+serve_env.apply()
 
 ROOT = PROJECT_ROOT
 __all__ = ["EAGLE1", "EAGLE1_3L", "EAGLE3", "MODELS", "ROOT", "TARGET", "toy_target_spec"]

@@ -1,0 +1,34 @@
+"""Serve's settings that live in the environment of its own processes (controller, proxies), where a deploy YAML
+cannot reach: the defaults that every way of starting the product applies before Ray starts (``cluster.demo``,
+``eagle-cluster serve``, ``make serve`` / ``make deploy``, and the harness that tests and benchmarks start servers
+with). A value already in the environment wins, so each is turned off by setting it.
+
+- ``RAY_SERVE_ENABLE_HA_PROXY=1``: Serve's HAProxy ingress in front of the verifier replicas instead of Serve's
+  Python proxy (``docs/BENCHMARKS.md``, issue 20: the serving path's CPU per output token 0.98 -> 0.39 ms at c=1,
+  the first token's serving part 16-21 -> 5-7 ms). ``RAY_SERVE_ENABLE_HA_PROXY=0`` keeps the Python proxy.
+  With it the drafter application gets a plain front deployment (``cluster.drafter_pool.front``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+HAPROXY = "RAY_SERVE_ENABLE_HA_PROXY"
+DEFAULTS: dict[str, str] = {HAPROXY: "1"}
+
+
+def environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) over the defaults."""
+    return {**DEFAULTS, **(os.environ if base is None else base)}
+
+
+def apply() -> None:
+    """The defaults into this process's environment, where unset (call it before Ray starts or ``serve`` runs)."""
+    for name, value in DEFAULTS.items():
+        os.environ.setdefault(name, value)
+
+
+def haproxy_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether Serve's processes started with this environment use the HAProxy ingress (Serve's own test)."""
+    return (os.environ if environ is None else environ).get(HAPROXY) == "1"
