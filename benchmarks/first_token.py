@@ -1,6 +1,6 @@
 """Where the first token's time goes: the client's TTFT against vLLM's own, for vLLM's server and the cluster.
 
-    python -m benchmarks.first_token [--modes colocated-eagle3 cluster-eagle3 cluster-eagle3-haproxy]
+    python -m benchmarks.first_token [--modes colocated-eagle3 cluster-eagle3 cluster-eagle3-pyproxy]
         [--num-prompts 16] [--rounds 1]
 
 For each mode, one request at a time (held-out prompts, 32 greedy tokens, streamed), three figures per request set,
@@ -13,8 +13,8 @@ from the server's own ``/metrics`` before and after (the means of vLLM's histogr
 - **prefill**: vLLM's ``vllm:request_prefill_time_seconds``, scheduled to first token, inside the engine core.
 
 Client TTFT minus engine TTFT is the serving path's part: HTTP, parsing and tokenizing, and for the cluster Serve's
-proxy and its hop to the replica (``*-haproxy``: Serve's HAProxy ingress instead of its Python proxy). Nothing is
-pinned: run it on a quiet machine, and compare modes within one run (``--rounds 2`` alternates them).
+ingress and its hop to the replica (HAProxy, the shipped default; ``*-pyproxy``: Serve's Python proxy instead).
+Nothing is pinned: run it on a quiet machine, and compare modes within one run (``--rounds 2`` alternates them).
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from benchmarks.serving_compare import cluster_server, vllm_server
+from benchmarks.serving_compare import cluster_server, ingress_env, vllm_server
 from cluster.harness import heldout_prompts, start, stop, wait_healthy
 
-MODES = ["colocated-eagle3", "cluster-eagle3", "cluster-eagle3-haproxy", "target-only", "colocated-eagle",
-         "cluster-eagle"]
+MODES = ["colocated-eagle3", "cluster-eagle3", "cluster-eagle3-pyproxy", "cluster-eagle3-haproxy", "target-only",
+         "colocated-eagle", "cluster-eagle"]
 HISTOGRAMS = {"engine": "vllm:time_to_first_token_seconds", "prefill": "vllm:request_prefill_time_seconds"}
 
 
@@ -92,8 +92,7 @@ def main() -> None:
                 env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
                 if kind == "cluster":
                     method, *variants = method.split("-")
-                    if "haproxy" in variants:
-                        env["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
+                    env.update(ingress_env(variants))
                     cmd, base = cluster_server(method, Path(tmp), name="-".join(variants))
                 else:
                     cmd, base = vllm_server(None if kind == "target" else method)

@@ -23,6 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from benchmarks.serving import run
+from cluster import serve_env
 from cluster.config import PROJECT_ROOT as ROOT
 from cluster.harness import HEADS, HTTP, TARGET, head_yaml, load_prompts, serve_command, start, stop, wait_healthy
 
@@ -44,6 +45,15 @@ def vllm_server(method: str | None) -> tuple[list[str], str]:
         spec = {"method": method, "model": str(HEADS[method]), "num_speculative_tokens": 3}
         cmd += ["--speculative-config", json.dumps(spec)]
     return cmd, f"http://127.0.0.1:{VLLM_PORT}"
+
+
+def ingress_env(variants: list[str]) -> dict[str, str]:
+    """The environment a cluster mode's Serve starts with, from the mode's variants: the shipped default is Serve's
+    HAProxy ingress (``cluster.serve_env``); ``pyproxy`` keeps Serve's Python proxy, ``grpc`` keeps it too and has it
+    call the replica over gRPC instead of by ObjectRef (``RAY_SERVE_PROXY_USE_GRPC=1``)."""
+    if "grpc" in variants:
+        return {serve_env.HAPROXY: "0", "RAY_SERVE_PROXY_USE_GRPC": "1"}
+    return {serve_env.HAPROXY: "0" if "pyproxy" in variants else "1"}
 
 
 def cluster_server(method: str, tmp: Path, drafter: dict | None = None, name: str = "") -> tuple[list[str], str]:

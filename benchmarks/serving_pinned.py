@@ -7,8 +7,9 @@
 a verifier node runs (vLLM's API server, or Serve's proxy and the verifier application's replicas; vLLM's engine
 core and worker) bound to core 0 in every mode, the cluster's drafter (its replica and its actor) alone on core 1,
 Ray's control plane and the load generator unbound. The cluster gets exactly one core more than the baselines:
-the drafter's. ``--pinning none`` binds nothing. ``*-haproxy`` modes serve with Serve's HAProxy ingress
-(``RAY_SERVE_ENABLE_HA_PROXY=1``) instead of its Python HTTP proxy; ``*-grpc`` modes keep the Python proxy and have
+the drafter's. ``--pinning none`` binds nothing. Cluster modes serve behind Serve's HAProxy ingress, the shipped
+default (``cluster.serve_env``; ``*-haproxy`` says so explicitly); ``*-pyproxy`` modes serve behind Serve's Python
+HTTP proxy instead (``RAY_SERVE_ENABLE_HA_PROXY=0``); ``*-grpc`` modes keep the Python proxy and have
 it call the replica over gRPC (``RAY_SERVE_PROXY_USE_GRPC=1``) instead of by ObjectRef; ``*-nospin`` modes set
 ``verifier.engine_spin_s: null`` (vLLM's own 1 s busy loop, not the shipped 5 ms: ``actors.engine_spin``). vLLM's
 OpenMP threads: ``VLLM_CPU_OMP_THREADS_BIND=0`` and ``OMP_NUM_THREADS=1`` in every mode when strict.
@@ -37,14 +38,15 @@ from pathlib import Path
 
 from benchmarks import cpu_split
 from benchmarks.serving import run
-from benchmarks.serving_compare import cluster_server, vllm_server
+from benchmarks.serving_compare import cluster_server, ingress_env, vllm_server
 from cluster.config import PROJECT_ROOT as ROOT
 from cluster.harness import HEADS, HTTP, cpu_yaml, load_prompts, post, serve_command, start, stop, wait_healthy
 
 MODES = ["target-only", "colocated-eagle", "colocated-eagle3", "cluster-eagle3", "cluster-eagle3-async",
          "cluster-eagle", "cluster-eagle-async", "cluster-eagle3-haproxy", "cluster-eagle3-async-haproxy",
          "cluster-eagle3-sched", "cluster-eagle3-k3", "cluster-eagle3-auto", "cluster-eagle3-auto-haproxy",
-         "cluster-eagle3-grpc", "cluster-eagle3-async-grpc", "cluster-eagle3-nospin", "cluster-eagle3-async-nospin"]
+         "cluster-eagle3-grpc", "cluster-eagle3-async-grpc", "cluster-eagle3-nospin", "cluster-eagle3-async-nospin",
+         "cluster-eagle3-pyproxy", "cluster-eagle3-async-pyproxy"]
 DRAFT_LENGTH_KEY = "num_speculative_tokens_per_batch_size"
 SCHEDULE = [[1, 2, 3], [3, 8, 1], [9, 1024, 0]]  # the fixed schedule of ``*-sched`` modes
 DEFAULT_MODES = ["target-only", "colocated-eagle3", "cluster-eagle3", "cluster-eagle3-async"]
@@ -99,10 +101,7 @@ def main() -> None:
                 drafter: dict = {"async_drafting": {"enabled": "async" in variants}}
                 if args.pinning == "strict":
                     drafter["cpu_affinity"] = [1]
-                if "haproxy" in variants:  # Serve's HAProxy ingress instead of its Python proxy (README)
-                    mode_env["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
-                if "grpc" in variants:  # Serve's Python proxy calls the replica over gRPC, not by ObjectRef
-                    mode_env["RAY_SERVE_PROXY_USE_GRPC"] = "1"
+                mode_env.update(ingress_env(variants))  # HAProxy (the default), *-pyproxy, *-grpc
                 if {"sched", "k3", "auto", "nospin"} & set(variants):
                     length = SCHEDULE if "sched" in variants else "auto" if "auto" in variants else None
                     spec = {"method": method, "model": str(HEADS[method]), DRAFT_LENGTH_KEY: length}

@@ -11,9 +11,17 @@ from ray.serve._private.deploy_utils import get_app_code_version
 from ray.serve.schema import ServeDeploySchema
 
 from actors.engine_spin import DEFAULT_SPIN_S, SPIN_ENV
-from cluster import deploy_yaml
-from cluster.app import build_app, build_drafter_app
+from cluster import deploy_yaml, serve_env
+from cluster.app import DRAFTER_FRONT, build_app, build_drafter_app
 from cluster.config import APP_NAME, DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT
+from cluster.drafter_pool.router import SequenceAffinityRouter
+
+
+def drafter_deployment(app):
+    """The ``Drafter`` deployment of a built drafter application, behind its plain front when Serve's HAProxy
+    ingress is on (``cluster.app.build_drafter_app``)."""
+    bound = app._bound_deployment  # Serve keeps it privately
+    return bound.init_args[0]._bound_deployment if bound.name == DRAFTER_FRONT else bound
 
 
 def _versions(doc: dict) -> dict[str, str]:
@@ -41,9 +49,26 @@ def test_the_verifier_reaches_the_drafter_application_by_name():
     doc = deploy_yaml.with_changes(deploy_yaml.load(), absolute=True)
     verifier = build_app(deploy_yaml.app_args(doc, APP_NAME))._bound_deployment  # Serve keeps it privately
     assert verifier.name == "Verifier" and verifier.init_args[0].drafter_app == DRAFTER_APP_NAME
-    drafter = build_drafter_app(deploy_yaml.app_args(doc, DRAFTER_APP_NAME))._bound_deployment
+    drafter = drafter_deployment(build_drafter_app(deploy_yaml.app_args(doc, DRAFTER_APP_NAME)))
     assert drafter.name == DRAFTER_DEPLOYMENT
     assert drafter.init_args[-1] == 10.0  # the draft-call timeout, handed to verifiers through attach
+
+
+@pytest.mark.parametrize("haproxy", [True, False], ids=["haproxy", "python-proxy"])
+def test_the_drafter_application_has_a_plain_front_under_haproxy_only(monkeypatch, haproxy):
+    """Serve's HAProxy ingress refuses an application whose ingress has a custom router; the Python proxy routes
+    to the drafters themselves."""
+    monkeypatch.setenv(serve_env.HAPROXY, "1" if haproxy else "0")
+    doc = deploy_yaml.with_changes(deploy_yaml.load(), absolute=True)
+    ingress = build_drafter_app(deploy_yaml.app_args(doc, DRAFTER_APP_NAME))._bound_deployment
+    if haproxy:
+        assert ingress.name == DRAFTER_FRONT and ingress.ray_actor_options["num_cpus"] == 0
+        assert ingress._deployment_config.request_router_config.get_request_router_class() is not SequenceAffinityRouter
+        drafter = ingress.init_args[0]._bound_deployment
+        assert drafter.name == DRAFTER_DEPLOYMENT
+        assert drafter._deployment_config.request_router_config.get_request_router_class() is SequenceAffinityRouter
+    else:
+        assert ingress.name == DRAFTER_DEPLOYMENT
 
 
 def test_drafter_application_args_are_checked():

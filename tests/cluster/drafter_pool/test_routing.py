@@ -110,10 +110,11 @@ def test_serve_gets_the_classes_and_vllm_the_client_path():
     from cluster.app import build_drafter_app
     from cluster.config import DRAFTER_APP_NAME
     from cluster.drafter_pool.client import SERVE_DRAFT_CLIENT, ServeDraftClient
+    from tests.cluster.test_app import drafter_deployment
 
     module, _, name = SERVE_DRAFT_CLIENT.partition(":")  # as actors.verifier.client.build_client resolves it
     assert getattr(importlib.import_module(module), name) is ServeDraftClient
     doc = deploy_yaml.with_changes(deploy_yaml.load(), absolute=True)
-    drafter = build_drafter_app(deploy_yaml.app_args(doc, DRAFTER_APP_NAME))._bound_deployment
+    drafter = drafter_deployment(build_drafter_app(deploy_yaml.app_args(doc, DRAFTER_APP_NAME)))
     router = drafter._deployment_config.request_router_config
     assert router.get_request_router_class() is SequenceAffinityRouter
