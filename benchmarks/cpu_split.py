@@ -4,7 +4,8 @@ Used by ``benchmarks.serving_pinned``. Process groups, by the title Ray, Serve a
 
     engine core   vLLM's engine core (``VLLM::EngineCore``): scheduler, output processing, the step loop
     worker        vLLM's worker (``VLLM::Worker``, or the engine core itself when it runs the model in-process)
-    serving path  vLLM's API server, or Serve's HTTP proxy and the verifier application's replicas
+    serving path  vLLM's API server, or Serve's ingress (HAProxy and its manager actor, or the Python HTTP proxy)
+                  and the verifier application's replicas
     drafter       the drafter application's replicas and their drafter actors
     control plane everything else of Ray's: GCS, raylet, the Serve controller, dashboard and its agents, log monitor
 
@@ -39,6 +40,8 @@ def group_of(title: str, is_server_root: bool = False) -> str | None:
     if "ServeReplica:eagle-drafters" in title or "DrafterActor" in title:
         return "drafter"
     if is_server_root or "ServeReplica:eagle-cluster" in title or "ProxyActor" in title:
+        return "serving path"
+    if "HAProxyManager" in title or title.split(" ", 1)[0].endswith("/haproxy"):  # Serve's HAProxy ingress
         return "serving path"
     return None
 
