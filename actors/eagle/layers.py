@@ -138,7 +138,9 @@ class DraftAttention(nn.Module):
         if self.fused_qkv is not None:
             h, kv = self.spec.num_heads * d, self.spec.num_kv_heads * d
             q, k, v = F.linear(x, self.fused_qkv, self.fused_qkv_bias).split([h, kv, kv], dim=-1)
-            rotated = self.cos_sin is not None and positions.ndim == 1  # flat rows: the kernel's layout
+            # Flat int64 rows, the kernel's layout; positions must lie below the table's length (the drafter engine
+            # clamps them to max_model_len - 1, and its table has max_model_len + 1 rows): the kernel does not check.
+            rotated = self.cos_sin is not None and positions.ndim == 1 and positions.dtype == torch.long
             if rotated:
                 kernels.rotary_(positions, q, k, d, self.cos_sin)  # in place, on the matmul's output
             q, k, v = q.unflatten(-1, (-1, d)), k.unflatten(-1, (-1, d)), v.unflatten(-1, (-1, d))
