@@ -4,9 +4,9 @@ cannot reach: the defaults that every way of starting the product applies before
 with). A value already in the environment wins, so each is turned off by setting it.
 
 - ``RAY_SERVE_ENABLE_HA_PROXY=1``: Serve's HAProxy ingress in front of the verifier replicas instead of Serve's
-  Python proxy (``docs/BENCHMARKS.md``, issue 20: the serving path's CPU per output token 0.98 -> 0.39 ms at c=1,
-  the first token's serving part 16-21 -> 5-7 ms). ``RAY_SERVE_ENABLE_HA_PROXY=0`` keeps the Python proxy.
-  With it the drafter application gets a plain front deployment (``cluster.drafter_pool.front``).
+  Python proxy (``docs/BENCHMARKS.md``, issue 20, "Fifth pass": the serving path's CPU per output token 1.59 ->
+  0.63 ms at c=1 with HAProxy's own CPU counted, TTFT p50 0.7-0.8x). ``RAY_SERVE_ENABLE_HA_PROXY=0`` keeps the
+  Python proxy. With it the drafter application gets a plain front deployment (``cluster.drafter_pool.front``).
 """
 
 from __future__ import annotations

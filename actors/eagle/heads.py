@@ -102,12 +102,13 @@ class DraftHead(nn.Module):
         """For inference (the drafter engine), after ``cast`` and the move to the device: q/k/v and gate/up
         projections as one matmul each, and where vLLM is installed its kernels for RMSNorm, rotary (positions below
         ``max_positions``) and SiLU-and-multiply (``actors.eagle.kernels``)."""
+        use_kernels = kernels.available()
         for layer in self.layers:
-            layer.self_attn.fuse(max_positions)
-            (layer.feed_forward if hasattr(layer, "feed_forward") else layer.mlp).fuse()
+            layer.self_attn.fuse(max_positions, use_kernels)
+            (layer.feed_forward if hasattr(layer, "feed_forward") else layer.mlp).fuse(use_kernels)
         for module in self.modules():
             if isinstance(module, RMSNorm):
-                module.use_kernel = kernels.available()
+                module.use_kernel = use_kernels
         return self
 
     @property

@@ -115,13 +115,13 @@ class DraftAttention(nn.Module):
         """Rotary frequencies in float32 again, after a cast of the whole module (``DraftHead.cast``)."""
         self.freqs = inv_freq(self.spec.rope, self.spec.head_dim).to(self.freqs.device)
 
-    def fuse(self, max_positions: int | None = None) -> None:
+    def fuse(self, max_positions: int | None = None, use_kernels: bool = False) -> None:
         """For inference: one matmul for q, k and v (the weights stay as they are, for saving and training), and
-        with ``max_positions`` and vLLM's kernels at hand, rotary by vLLM's kernel for positions below it."""
+        with ``max_positions`` and ``use_kernels``, rotary by vLLM's kernel for positions below it."""
         self.fused_qkv = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach()
         if self.q_proj.bias is not None:
             self.fused_qkv_bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]).detach()
-        if max_positions and self.use_rope and kernels.available():
+        if max_positions and self.use_rope and use_kernels:
             self.cos_sin = kernels.cos_sin_cache(self.freqs, max_positions, self.fused_qkv.dtype)
 
     @property
@@ -174,10 +174,10 @@ class MLP(nn.Module):
         self.fused_gate_up: torch.Tensor | None = None  # [2 * intermediate, hidden], see fuse()
         self.use_kernel = False
 
-    def fuse(self) -> None:
-        """For inference: one matmul for gate and up (and vLLM's ``silu_and_mul`` after it, where it is at hand)."""
+    def fuse(self, use_kernels: bool = False) -> None:
+        """For inference: one matmul for gate and up (and with ``use_kernels`` vLLM's ``silu_and_mul`` after it)."""
         self.fused_gate_up = torch.cat([self.gate_proj.weight, self.up_proj.weight]).detach()
-        self.use_kernel = kernels.available()
+        self.use_kernel = use_kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused_gate_up is not None:
