@@ -100,6 +100,9 @@ class ProposerStats:
     # tokens per second at the last step (0: no estimate, e.g. a fixed k)
     speculative_tokens: list[int] = field(default_factory=list)
     estimated_goodput: float = 0.0
+    # ``auto``'s estimates: output tokens per second, by batch-size bucket ("1", "2", "3-4", ...) and k = 0..K
+    # (None: not measured yet); empty for a fixed k or a schedule
+    goodput_by_k: dict[str, list[float | None]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -173,8 +176,13 @@ class ProposerStats:
         lines += [f'{name}_bucket{{le="+Inf"}} {total}',
                   f"{name}_sum {sum(k * n for k, n in enumerate(self.speculative_tokens))}", f"{name}_count {total}"]
         g = "eagle_cluster_estimated_goodput_tokens_per_second"
-        return lines + [f"# HELP {g} the draft-length policy's estimate of output tokens per second at the last step "
-                        "(0: none, a fixed k)", f"# TYPE {g} gauge", f"{g} {self.estimated_goodput}"]
+        lines += [f"# HELP {g} the draft-length policy's estimate of output tokens per second at the last step "
+                  "(0: none, a fixed k)", f"# TYPE {g} gauge", f"{g} {self.estimated_goodput}"]
+        t = "eagle_cluster_estimated_goodput_by_draft_length"
+        lines += [f"# HELP {t} the auto draft-length policy's estimated output tokens per second, by batch size and "
+                  "draft length k (what it chooses k by)", f"# TYPE {t} gauge"]
+        return lines + [f'{t}{{batch="{b}",k="{k}"}} {v:.3f}' for b, row in self.goodput_by_k.items()
+                        for k, v in enumerate(row) if v is not None]
 
 
 def from_vllm_metrics(metrics) -> SpecDecodeStats:

@@ -19,7 +19,8 @@ The draft length (issue 23): cluster modes run the shipped default (k = 3 at eve
 ``*-k3`` removes the key. Each cluster row also reports the chosen k per step (``eagle_cluster_speculative_tokens`` from
 ``/metrics``, steps per k over the run).
 
-For each mode and concurrency: the seed-style report (``benchmarks.serving``), then CPU milliseconds per output
+Each concurrency c runs ``max(--num-prompts, c)`` prompts (cycled from the shipped set), so c streams are open at
+once. For each mode and concurrency: the seed-style report (``benchmarks.serving``), then CPU milliseconds per output
 token by process group (``benchmarks.cpu_split``), then the ratios to vLLM colocated and target-only. The first
 request after ready and the median of the next ten (each 32 greedy tokens) are measured once per mode.
 """
@@ -76,18 +77,35 @@ def chosen_k(base: str) -> list[int]:
     return [b - a for a, b in zip([0, *cum], cum, strict=False)]
 
 
+def goodput_estimates(base: str) -> dict[str, list[float | None]]:
+    """``auto``'s table from ``/metrics`` (``eagle_cluster_estimated_goodput_by_draft_length``): estimated output
+    tokens per second by batch-size bucket and k; empty for a fixed k or a schedule."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    table: dict[str, dict[int, float]] = {}
+    for m in re.finditer(r'^eagle_cluster_estimated_goodput_by_draft_length\{batch="([^"]+)",k="(\d+)"\} (\S+)$', text,
+                         re.MULTILINE):
+        table.setdefault(m[1], {})[int(m[2])] = float(m[3])
+    width = 1 + max((k for row in table.values() for k in row), default=-1)
+    return {b: [row.get(k) for k in range(width)] for b, row in table.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pinning", choices=["strict", "none"], default="strict")
     p.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 16])
-    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--num-prompts", type=int, default=16,
+                   help="prompts per concurrency, at least the concurrency (so c streams are really open)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--modes", nargs="*", default=DEFAULT_MODES, choices=MODES)
     p.add_argument("--out", default=str(ROOT / "results" / "pinned"))
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    prompts = load_prompts(None, args.num_prompts)
+    prompts = load_prompts(None, max(args.num_prompts, *args.concurrency))
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     if args.pinning == "strict":
         env.update(VLLM_CPU_OMP_THREADS_BIND="0", OMP_NUM_THREADS="1")
@@ -127,7 +145,8 @@ def main() -> None:
                     ks_before = chosen_k(base) if kind == "cluster" else []
                     procs = cpu_split.server_processes(proc.pid)
                     before = cpu_split.snapshot(procs)
-                    report = asyncio.run(run(base, prompts, args.max_tokens, c, None, f"{mode} c={c}", quiet=True))
+                    batch = prompts[: max(args.num_prompts, c)]  # fewer prompts than streams would cap c
+                    report = asyncio.run(run(base, batch, args.max_tokens, c, None, f"{mode} c={c}", quiet=True))
                     cpu = cpu_split.split(procs, before, cpu_split.snapshot(procs))
                     print(report.text(), flush=True)
                     per_tok = {g: 1000 * s / max(report.output_tokens, 1) for g, s in cpu.items()}
@@ -136,8 +155,13 @@ def main() -> None:
                     ks = [b - a for a, b in zip(ks_before, chosen_k(base) if kind == "cluster" else [], strict=False)]
                     if ks:
                         print(f"steps per chosen k (0..K): {ks}", flush=True)
+                    estimates = goodput_estimates(base) if kind == "cluster" else {}
+                    if estimates:
+                        print("auto's estimated tokens/s by batch and k: " + "; ".join(
+                            f"{b}: " + " ".join("-" if v is None else f"{v:.0f}" for v in row)
+                            for b, row in estimates.items()), flush=True)
                     results[mode]["by_c"][str(c)] = {**asdict(report), "cpu_ms_per_token": per_tok,
-                                                     "steps_per_k": ks}
+                                                     "steps_per_k": ks, "goodput_estimates": estimates}
             finally:
                 stop(proc)
     (out / f"results-{args.pinning}.json").write_text(json.dumps(results, indent=2))

@@ -76,8 +76,9 @@ def expected_tokens(acceptance: list[float], max_k: int) -> list[float]:
 
 
 def best_k(ms_per_seq: list[float | None], expected: list[float], current: int, hysteresis: float = 0.05) -> int:
-    """The k of the highest ``expected[k] / ms_per_seq[k]`` (tokens per ms per sequence), or ``current`` unless that
-    one beats it by more than ``hysteresis``. ``None`` costs (never measured) are not chosen."""
+    """The k of the highest ``expected[k] / ms_per_seq[k]`` (the batch's tokens per ms: tokens per sequence over the
+    period per sequence), or ``current`` unless that one beats it by more than ``hysteresis``. ``None`` costs (never
+    measured) are not chosen."""
     gp = [e / c if c else -1.0 for e, c in zip(expected, ms_per_seq, strict=True)]
     best = max(range(len(gp)), key=lambda k: gp[k])
     if 0 <= current < len(gp) and gp[current] > 0 and gp[best] <= gp[current] * (1 + hysteresis):
@@ -90,6 +91,11 @@ def bucket(batch_size: int) -> int:
     return max(0, math.ceil(math.log2(max(batch_size, 1))))
 
 
+def bucket_label(b: int) -> str:
+    """The batch sizes of bucket ``b``: ``"1"``, ``"2"``, ``"3-4"``, ``"5-8"``, ..."""
+    return str(2**b) if b <= 1 else f"{2 ** (b - 1) + 1}-{2**b}"
+
+
 class DraftLength(Protocol):
     max_k: int
 
@@ -97,6 +103,7 @@ class DraftLength(Protocol):
     def observe_period(self, batch_size: int, k: int, ms: float) -> None: ...
     def observe_acceptance(self, num_drafts: int, accepted: int) -> None: ...
     def goodput(self, batch_size: int, k: int) -> float | None: ...
+    def goodput_table(self) -> dict[str, list[float | None]]: ...
 
 
 @dataclass
@@ -116,6 +123,9 @@ class FixedDraftLength:
 
     def goodput(self, batch_size: int, k: int) -> float | None:
         return None
+
+    def goodput_table(self) -> dict[str, list[float | None]]:
+        return {}
 
 
 @dataclass
@@ -213,11 +223,19 @@ class AutoDraftLength:
             self.accepted[i] = self.accepted[i] * d + (1.0 if i < accepted else 0.0)
 
     def goodput(self, batch_size: int, k: int) -> float | None:
-        """Estimated output tokens per second of a step at this batch size drafting k (None: not measured)."""
+        """Estimated output tokens per second of steps at this batch size drafting k, all sequences together
+        (``E(k) / ms_per_seq(k)``: tokens per step over the step period; None: not measured)."""
         c = self._bucket(batch_size).ms_per_seq[k]
         if not c:
             return None
         return 1000.0 * expected_tokens(self.acceptance(), self.max_k)[k] / c
+
+    def goodput_table(self) -> dict[str, list[float | None]]:
+        """``goodput`` by batch-size bucket (``bucket_label``) and k = 0..K (None: not measured): what ``choose``
+        compares, for ``/metrics``."""
+        expected = expected_tokens(self.acceptance(), self.max_k)
+        return {bucket_label(b): [1000.0 * e / c if c else None for e, c in zip(expected, s.ms_per_seq, strict=True)]
+                for b, s in sorted(self.buckets.items())}
 
 
 def build_draft_length(spec: Any, max_k: int, max_num_seqs: int) -> DraftLength:

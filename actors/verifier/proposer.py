@@ -107,6 +107,7 @@ class ProposerState:
     # estimated output tokens per second for the last step (0 when it has no estimate).
     speculative_tokens: list[int] = field(default_factory=list)
     estimated_goodput: float = 0.0
+    goodput_by_k: dict[str, list[float | None]] = field(default_factory=dict)  # the policy's table (goodput_table)
     # Images: rows whose input embedding was the target's image embedding, and steps whose propose() was handed
     # image embeddings (the runner gathered them).
     mm_rows_shipped: int = 0
@@ -130,7 +131,8 @@ class ProposerState:
                              step_waits=replace(self.waits, counts=list(self.waits.counts)),
                              undrafted=dict(self.undrafted), steps_without_drafts=self.steps_without_drafts,
                              speculative_tokens=list(self.speculative_tokens),
-                             estimated_goodput=self.estimated_goodput)
+                             estimated_goodput=self.estimated_goodput,
+                             goodput_by_k=dict(self.goodput_by_k))
 
 
 def step_rows(

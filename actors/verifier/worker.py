@@ -221,6 +221,7 @@ class RemoteDraftWorker(_PlatformWorker):
         if not isinstance(drafter, RemoteEagleProposer):
             return drafter, ProposerState(), self.rank == 0, {}
         client = drafter.client.stats() if hasattr(drafter.client, "stats") else {}
+        drafter.state.goodput_by_k = drafter.draft_length.goodput_table()  # read here, not per step
         return drafter, drafter.state, drafter.is_driver, client
 
     def eagle_cluster_reset_stats(self) -> None:

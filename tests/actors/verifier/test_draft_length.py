@@ -113,3 +113,18 @@ def test_histogram_on_metrics():
     assert "eagle_cluster_speculative_tokens_sum 25" in text and "eagle_cluster_speculative_tokens_count 14" in text
     assert "eagle_cluster_estimated_goodput_tokens_per_second 123.5" in text
     assert ProposerStats.from_dict(ProposerStats(speculative_tokens=[1, 2]).to_dict()).speculative_tokens == [1, 2]
+
+
+def test_goodput_table_is_what_auto_chooses_by():
+    assert [dl.bucket_label(dl.bucket(b)) for b in (1, 2, 3, 4, 5, 8, 9, 16, 32)] == [
+        "1", "2", "3-4", "3-4", "5-8", "5-8", "9-16", "9-16", "17-32"]
+    p = dl.AutoDraftLength(3)
+    assert dl.FixedDraftLength(3).goodput_table() == {} and p.goodput_table() == {}
+    simulate(p, 32, cost, 200)
+    row = p.goodput_table()["17-32"]
+    assert len(row) == 4 and all(v is not None for v in row)
+    assert max(range(4), key=lambda k: row[k]) == 0 == p.buckets[dl.bucket(32)].current  # the argmax is the choice
+    assert row[0] == pytest.approx(p.goodput(32, 0))
+    text = ProposerStats(goodput_by_k={"17-32": [1.5, None, 0.25, 0.125]}).prometheus()
+    assert 'eagle_cluster_estimated_goodput_by_draft_length{batch="17-32",k="0"} 1.500' in text
+    assert 'k="1"' not in text and 'eagle_cluster_estimated_goodput_by_draft_length{batch="17-32",k="3"} 0.125' in text
