@@ -112,6 +112,25 @@ class CacheAttention:
         self.gap_d = (gap_lo.to(b.device), gap_hi.to(b.device)) if bool((gap_hi > gap_lo).any()) else None
         self._windows: dict[int | None, tuple[torch.Tensor, torch.Tensor]] = {}
         self._masks: dict[int | None, torch.Tensor] = {}  # when one block holds all query rows
+        self._shared: dict[int | None, bool] = {}  # per chunk size: every sequence's window at the same positions
+        self.slot_order = self._slot_order(b.slots)
+        if self.slot_order is not None:
+            self.sorted_slots = b.slots[self.slot_order]
+            self.order_d = self.slot_order.to(b.device)
+            self.unorder_d = torch.argsort(self.slot_order).to(b.device)
+
+    @staticmethod
+    def _slot_order(slots: torch.Tensor) -> torch.Tensor | None:  # [B] (CPU)
+        """The batch's sequences in slot order, when their slots are consecutive ones in another order; else None.
+
+        A window every sequence reads from the same positions is then a view of the cache, not a copy: attention
+        runs with the batch in slot order (queries and masks permuted, a few rows each) and its output is put back.
+        vLLM's persistent batch reorders its requests as others finish, so a batch's slots are often a shuffle.
+        Worked example: slots [5, 3, 4] -> order [1, 2, 0] (slots[order] = [3, 4, 5], a view of slots 3..5)."""
+        num = slots.numel()
+        if num < 2 or int(slots.max()) - int(slots.min()) + 1 != num or bool((slots.diff() == 1).all()):
+            return None  # one sequence, not consecutive (a copy either way), or already in order (a view already)
+        return torch.argsort(slots)  # a sequence has one slot: num distinct slots spanning num values
 
     def window(self, chunk: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Key positions [B, width] for layers with this chunk size: clamped to the cache, on the CPU (to read
@@ -121,6 +140,7 @@ class CacheAttention:
             width = int((self.last_pos - lo).max()) + 1
             key_pos = lo[:, None] + torch.arange(width)  # [B, width]
             self._windows[chunk] = (key_pos.clamp(max=self.cache.max_len - 1), key_pos.to(self.b.device))
+            self._shared[chunk] = bool((lo == lo[0]).all())  # every sequence reads the same positions
         return self._windows[chunk]
 
     def mask(self, chunk: int | None, key_pos: torch.Tensor, rows: slice) -> torch.Tensor:
@@ -142,7 +162,8 @@ class CacheAttention:
         chunk = self.chunks[layer]
         self.cache.write(layer, dev["row_slots"], dev["positions"], k, v)
         key_pos, key_pos_d = self.window(chunk)
-        keys, values = self.cache.read_window(layer, b.slots, key_pos)
+        order = self.slot_order if self._shared[chunk] else None  # attend in slot order (_slot_order)
+        keys, values = self.cache.read_window(layer, b.slots if order is None else self.sorted_slots, key_pos)
         keys, values = keys.to(q.dtype), values.to(q.dtype)
         num_seqs, width = b.slots.numel(), key_pos.shape[1]
         if self.one_row:
@@ -150,15 +171,23 @@ class CacheAttention:
         else:
             qp = q.new_zeros(num_seqs, b.max_rows, *q.shape[1:])
             qp[dev["row_seq"], dev["row_local"]] = q
+        if order is not None:
+            qp = qp.index_select(0, self.order_d)
+
+        def mask(rows: slice) -> torch.Tensor:  # [B, rows, width], in the order keys are in
+            m = self.mask(chunk, key_pos_d, rows)
+            return m if order is None else m.index_select(0, self.order_d)
+
         block = max(1, MAX_SCORES // (num_seqs * q.shape[-2] * width))
         if block >= b.max_rows:
             if chunk not in self._masks:
-                self._masks[chunk] = self.mask(chunk, key_pos_d, slice(None))
+                self._masks[chunk] = mask(slice(None))
             out = sdpa_attend(qp, keys, values, self._masks[chunk])
         else:
-            out = torch.cat([sdpa_attend(qp[:, r : r + block], keys, values,
-                                         self.mask(chunk, key_pos_d, slice(r, r + block)))
+            out = torch.cat([sdpa_attend(qp[:, r : r + block], keys, values, mask(slice(r, r + block)))
                              for r in range(0, b.max_rows, block)], dim=1)
+        if order is not None:
+            out = out.index_select(0, self.unorder_d)  # back to the batch's order
         return out[:, 0] if self.one_row else out[dev["row_seq"], dev["row_local"]]  # [N, heads * head_dim]
 
 

@@ -303,3 +303,37 @@ def test_long_prompts_attend_in_blocks(toy_heads, name, monkeypatch):
     got = engine.draft_tensors(*make_step(0, 3, seqs)).drafts
     for i, (_, _, ids, h) in enumerate(seqs):
         assert got[i].tolist() == reference_drafts(head, ids, h, 3)
+
+
+def test_slot_order_of_a_shuffled_batch():
+    from actors.drafter.engine import CacheAttention
+
+    assert CacheAttention._slot_order(torch.tensor([5, 3, 4])).tolist() == [1, 2, 0]  # the docstring's example
+    assert CacheAttention._slot_order(torch.tensor([3, 4, 5])) is None  # in order: already a view
+    assert CacheAttention._slot_order(torch.tensor([6, 3, 4])) is None  # not consecutive: a copy either way
+    assert CacheAttention._slot_order(torch.tensor([2])) is None
+
+
+@pytest.mark.parametrize("name", ["eagle1_2l", "eagle3"])
+def test_a_shuffled_batch_drafts_what_each_sequence_drafts_alone(toy_heads, name):
+    """vLLM reorders its batch as requests finish: sequences whose slots come in another order (attended in slot
+    order, ``CacheAttention._slot_order``) still get the from-scratch drafts, multi-row and one-row steps alike."""
+    target_dir, heads = toy_heads
+    head = load_head(heads[name], target_dir)
+    engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=128))
+    width = head.spec.fused_hidden_size
+    g = torch.Generator().manual_seed(2)
+    rids = ["a", "b", "c", "d", "e"]
+    ids = {r: torch.randint(0, 300, (30,), generator=g) for r in rids}
+    hid = {r: torch.randn(30, width, generator=g) for r in rids}
+    n = dict.fromkeys(rids, 4)
+    step, hidden = make_step(0, 3, [(r, 0, ids[r][:4], hid[r][:4]) for r in rids])  # slots 0..4, in order
+    engine.draft_tensors(step, hidden)
+    for step_id, (order, rows) in enumerate([(["c", "a", "e", "b", "d"], [2, 1, 3, 1, 2]),
+                                             (["e", "d", "c", "b", "a"], [1, 1, 1, 1, 1])], start=1):
+        seqs = [(r, n[r], ids[r][n[r] : n[r] + m], hid[r][n[r] : n[r] + m]) for r, m in zip(order, rows, strict=True)]
+        step, hidden = make_step(step_id, 3, seqs)
+        got = engine.draft_tensors(step, hidden).drafts
+        for i, (r, m) in enumerate(zip(order, rows, strict=True)):
+            n[r] += m
+            assert got[i].tolist() == reference_drafts(head, ids[r][: n[r]], hid[r][: n[r]], 3), (step_id, r)
