@@ -100,8 +100,7 @@ def main() -> None:
             elif mode.startswith("cluster"):
                 cmd, base = cluster_server("eagle3", Path(tmp))
             else:
-                cmd, base = vllm_server("eagle3")
-                cmd = [c for c in cmd if c != "--no-enable-prefix-caching"]  # vLLM's default: on
+                cmd, base = vllm_server("eagle3")  # prefix caching on, vLLM's default
             proc = start(cmd, env=env)
             try:
                 wait_healthy(proc, base)

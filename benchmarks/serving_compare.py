@@ -34,11 +34,14 @@ VLLM_PORT = 8001
 
 
 def vllm_server(method: str | None) -> tuple[list[str], str]:
+    """vLLM's own OpenAI server on the shipped target (with vLLM's own EAGLE head ``method``, or none): the settings
+    of ``deploy/cpu.yaml``'s verifier (``max_model_len``, ``max_num_seqs``, prefix caching on: vLLM's default and the
+    cluster's), so the two differ only in where the drafter runs and what serves them."""
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(TARGET),
         "--served-model-name", "llama4-tiny", "--host", "127.0.0.1", "--port", str(VLLM_PORT),
         "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "32", "--enforce-eager",
-        "--no-enable-prefix-caching", "--worker-cls", "actors.verifier.worker.RemoteDraftWorker",
+        "--worker-cls", "actors.verifier.worker.RemoteDraftWorker",
         "--additional-config", json.dumps({"eagle_cluster": {"remote_drafter": False}}),
     ]
     if method:
