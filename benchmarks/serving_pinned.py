@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import statistics
 import tempfile
 import time
@@ -66,25 +67,24 @@ def first_requests(base: str) -> tuple[float, float]:
     return times[0], statistics.median(times[1:])
 
 
-def chosen_k(base: str) -> list[int]:
-    """Steps per chosen k so far (``eagle_cluster_speculative_tokens``' cumulative buckets on ``/metrics``)."""
+def metrics_text(base: str) -> str:
+    """The server's ``/metrics`` page."""
     import urllib.request
 
     with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
-        text = r.read().decode()
+        return r.read().decode()
+
+
+def chosen_k(text: str) -> list[int]:
+    """Steps per chosen k so far (``eagle_cluster_speculative_tokens``' cumulative buckets in ``/metrics`` text)."""
     cum = [int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
            if line.startswith("eagle_cluster_speculative_tokens_bucket") and '"+Inf"' not in line]
     return [b - a for a, b in zip([0, *cum], cum, strict=False)]
 
 
-def goodput_estimates(base: str) -> dict[str, list[float | None]]:
-    """``auto``'s table from ``/metrics`` (``eagle_cluster_estimated_goodput_by_draft_length``): estimated output
+def goodput_estimates(text: str) -> dict[str, list[float | None]]:
+    """``auto``'s table in ``/metrics`` text (``eagle_cluster_estimated_goodput_by_draft_length``): estimated output
     tokens per second by batch-size bucket and k; empty for a fixed k or a schedule."""
-    import re
-    import urllib.request
-
-    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
-        text = r.read().decode()
     table: dict[str, dict[int, float]] = {}
     for m in re.finditer(r'^eagle_cluster_estimated_goodput_by_draft_length\{batch="([^"]+)",k="(\d+)"\} (\S+)$', text,
                          re.MULTILINE):
@@ -105,7 +105,7 @@ def main() -> None:
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    prompts = load_prompts(None, max(args.num_prompts, *args.concurrency))
+    prompts = load_prompts(None, max([args.num_prompts, *args.concurrency]))
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     if args.pinning == "strict":
         env.update(VLLM_CPU_OMP_THREADS_BIND="0", OMP_NUM_THREADS="1")
@@ -142,7 +142,7 @@ def main() -> None:
                 print(f"{mode}: first request {first * 1000:.0f} ms, next ten median {rest * 1000:.0f} ms; "
                       f"pinned processes {results[mode]['pinned']}", flush=True)
                 for c in args.concurrency:
-                    ks_before = chosen_k(base) if kind == "cluster" else []
+                    ks_before = chosen_k(metrics_text(base)) if kind == "cluster" else []
                     procs = cpu_split.server_processes(proc.pid)
                     before = cpu_split.snapshot(procs)
                     batch = prompts[: max(args.num_prompts, c)]  # fewer prompts than streams would cap c
@@ -152,10 +152,11 @@ def main() -> None:
                     per_tok = {g: 1000 * s / max(report.output_tokens, 1) for g, s in cpu.items()}
                     print("CPU ms per output token: " + ", ".join(f"{g} {v:.2f}" for g, v in per_tok.items()),
                           flush=True)
-                    ks = [b - a for a, b in zip(ks_before, chosen_k(base) if kind == "cluster" else [], strict=False)]
+                    text = metrics_text(base) if kind == "cluster" else ""
+                    ks = [b - a for a, b in zip(ks_before, chosen_k(text), strict=False)]
                     if ks:
                         print(f"steps per chosen k (0..K): {ks}", flush=True)
-                    estimates = goodput_estimates(base) if kind == "cluster" else {}
+                    estimates = goodput_estimates(text)
                     if estimates:
                         print("auto's estimated tokens/s by batch and k: " + "; ".join(
                             f"{b}: " + " ".join("-" if v is None else f"{v:.0f}" for v in row)

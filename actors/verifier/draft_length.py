@@ -222,20 +222,19 @@ class AutoDraftLength:
             self.proposed[i] = self.proposed[i] * d + 1.0
             self.accepted[i] = self.accepted[i] * d + (1.0 if i < accepted else 0.0)
 
-    def goodput(self, batch_size: int, k: int) -> float | None:
-        """Estimated output tokens per second of steps at this batch size drafting k, all sequences together
+    def _goodputs(self, s: _Bucket) -> list[float | None]:
+        """Estimated output tokens per second of a bucket's steps drafting k = 0..K, all sequences together
         (``E(k) / ms_per_seq(k)``: tokens per step over the step period; None: not measured)."""
-        c = self._bucket(batch_size).ms_per_seq[k]
-        if not c:
-            return None
-        return 1000.0 * expected_tokens(self.acceptance(), self.max_k)[k] / c
+        expected = expected_tokens(self.acceptance(), self.max_k)
+        return [1000.0 * e / c if c else None for e, c in zip(expected, s.ms_per_seq, strict=True)]
+
+    def goodput(self, batch_size: int, k: int) -> float | None:
+        """``_goodputs`` of this batch size's bucket, at k."""
+        return self._goodputs(self._bucket(batch_size))[k]
 
     def goodput_table(self) -> dict[str, list[float | None]]:
-        """``goodput`` by batch-size bucket (``bucket_label``) and k = 0..K (None: not measured): what ``choose``
-        compares, for ``/metrics``."""
-        expected = expected_tokens(self.acceptance(), self.max_k)
-        return {bucket_label(b): [1000.0 * e / c if c else None for e, c in zip(expected, s.ms_per_seq, strict=True)]
-                for b, s in sorted(self.buckets.items())}
+        """``_goodputs`` by batch-size bucket (``bucket_label``): what ``choose`` compares, for ``/metrics``."""
+        return {bucket_label(b): self._goodputs(s) for b, s in sorted(self.buckets.items())}
 
 
 def build_draft_length(spec: Any, max_k: int, max_num_seqs: int) -> DraftLength:

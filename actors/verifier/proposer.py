@@ -107,7 +107,6 @@ class ProposerState:
     # estimated output tokens per second for the last step (0 when it has no estimate).
     speculative_tokens: list[int] = field(default_factory=list)
     estimated_goodput: float = 0.0
-    goodput_by_k: dict[str, list[float | None]] = field(default_factory=dict)  # the policy's table (goodput_table)
     # Images: rows whose input embedding was the target's image embedding, and steps whose propose() was handed
     # image embeddings (the runner gathered them).
     mm_rows_shipped: int = 0
@@ -122,8 +121,10 @@ class ProposerState:
         self.by_source.clear()
         self.branch_lookups = self.branch_hits = 0
 
-    def stats(self, client: dict | None = None, counters_only: bool = False) -> ProposerStats:
-        """``counters_only``: without the per-request tables (what ``/metrics`` reads)."""
+    def stats(self, client: dict | None = None, counters_only: bool = False,
+              goodput_by_k: dict[str, list[float | None]] | None = None) -> ProposerStats:
+        """``counters_only``: without the per-request tables (what ``/metrics`` reads); ``goodput_by_k``: the
+        draft-length policy's estimates (``DraftLength.goodput_table``)."""
         per_request = {} if counters_only else dict(self.per_request)
         hits = {} if counters_only else dict(self.per_request_hits)
         return ProposerStats(self.steps, self.failures, per_request, self.branch_lookups, self.branch_hits, hits,
@@ -132,7 +133,7 @@ class ProposerState:
                              undrafted=dict(self.undrafted), steps_without_drafts=self.steps_without_drafts,
                              speculative_tokens=list(self.speculative_tokens),
                              estimated_goodput=self.estimated_goodput,
-                             goodput_by_k=dict(self.goodput_by_k))
+                             goodput_by_k=dict(goodput_by_k or {}))
 
 
 def step_rows(

@@ -195,10 +195,10 @@ class RemoteDraftWorker(_PlatformWorker):
         return timed
 
     def eagle_cluster_stats(self) -> dict[str, Any]:
-        _, st, is_driver, client = self._proposer()
+        _, st, is_driver, client, goodput = self._proposer()
         return {
             "is_driver": is_driver,
-            **st.stats(client).to_dict(),
+            **st.stats(client, goodput_by_k=goodput).to_dict(),
             # image rows shipped, and steps that were handed image embeddings (vLLM gathered them)
             "mm_rows_shipped": st.mm_rows_shipped,
             "mm_steps": st.mm_steps,
@@ -210,19 +210,19 @@ class RemoteDraftWorker(_PlatformWorker):
         """``ProposerStats`` with the counters only (no per-request table, no per-step timings, the client's counts
         but not its events): what ``/metrics`` reads on every scrape, so a scrape costs the same after a day as
         after a minute."""
-        _, st, is_driver, client = self._proposer()
+        _, st, is_driver, client, goodput = self._proposer()
         counts = {k: client[k] for k in COUNTER_KEYS if k in client}
-        return {"is_driver": is_driver, **st.stats(counts, counters_only=True).to_dict()}
+        return {"is_driver": is_driver, **st.stats(counts, counters_only=True, goodput_by_k=goodput).to_dict()}
 
-    def _proposer(self) -> tuple[Any, ProposerState, bool, dict[str, Any]]:
-        """(the runner's drafter, its proposer state, whether this rank is the driver, its draft client's stats);
-        an empty state and no client stats where the drafter is not the remote proposer."""
+    def _proposer(self) -> tuple[Any, ProposerState, bool, dict[str, Any], dict[str, list[float | None]]]:
+        """(the runner's drafter, its proposer state, whether this rank is the driver, its draft client's stats, its
+        draft-length policy's goodput estimates, read now rather than at every step); an empty state, no client
+        stats and no estimates where the drafter is not the remote proposer."""
         drafter = getattr(self.model_runner, "drafter", None)
         if not isinstance(drafter, RemoteEagleProposer):
-            return drafter, ProposerState(), self.rank == 0, {}
+            return drafter, ProposerState(), self.rank == 0, {}, {}
         client = drafter.client.stats() if hasattr(drafter.client, "stats") else {}
-        drafter.state.goodput_by_k = drafter.draft_length.goodput_table()  # read here, not per step
-        return drafter, drafter.state, drafter.is_driver, client
+        return drafter, drafter.state, drafter.is_driver, client, drafter.draft_length.goodput_table()
 
     def eagle_cluster_reset_stats(self) -> None:
         drafter = getattr(self.model_runner, "drafter", None)
