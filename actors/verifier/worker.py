@@ -95,6 +95,40 @@ class StepSplit:
         return {f.name: list(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
+def plain_steps_without_drafts(runner: Any) -> list[int]:
+    """A decode step none of whose requests was scheduled a draft token runs as a target-only runner's step.
+
+    vLLM's V1 runner takes its speculative path on every step once a ``speculative_config`` is set
+    (``_prepare_inputs``: ``use_spec_decode = self.speculative_config is not None``): spec-decode metadata, its
+    rejection sampler, a ``[batch, 1 + k]`` output, also when no request has drafts. Measured at c = 16 with every
+    step at k = 0 (``docs/BENCHMARKS.md``, issue 23), that is +8% of the worker's CPU per token against target-only. So
+    for a step with no draft tokens and one token per request (decode only: a prompt chunk keeps the padded layout
+    the proposer reads images in), ``_prepare_inputs`` runs as it does without a speculative config: logits at each
+    request's last row, vLLM's plain sampler. Sampling one token from the target's logits is what the rejection
+    sampler does with no drafts (its bonus token), so outputs are unchanged. The runner still calls the proposer
+    after sampling (``propose_draft_token_ids``, which takes the ``spec_decode_metadata is None`` branch: every
+    scheduled row is a real one), so the draft-length policy keeps choosing k for the next step.
+
+    Returns a one-element list counting the steps that ran so (``eagle_cluster_stats``' ``plain_steps``).
+    """
+    prepare = runner._prepare_inputs
+    count = [0]
+
+    def _prepare_inputs(scheduler_output, *args: Any, **kwargs: Any):
+        drafted = any(scheduler_output.scheduled_spec_decode_tokens.values())
+        if drafted or scheduler_output.total_num_scheduled_tokens != len(scheduler_output.num_scheduled_tokens):
+            return prepare(scheduler_output, *args, **kwargs)
+        count[0] += 1
+        spec, runner.speculative_config = runner.speculative_config, None
+        try:
+            return prepare(scheduler_output, *args, **kwargs)
+        finally:
+            runner.speculative_config = spec
+
+    runner._prepare_inputs = _prepare_inputs
+    return count
+
+
 class RemoteDraftWorker(_PlatformWorker):
     """The platform worker plus the remote proposer, and a time split of each step (for benchmarks)."""
 
@@ -102,6 +136,7 @@ class RemoteDraftWorker(_PlatformWorker):
         vllm_fixes.apply()
         self.split = StepSplit()
         self._last_start: float | None = None
+        self._plain_steps = [0]
         super().__init__(*args, **kwargs)
 
     def _timed(self, samples: deque[float], method, *args: Any, **kwargs: Any):
@@ -181,6 +216,7 @@ class RemoteDraftWorker(_PlatformWorker):
             _ensure_ray(cfg.get("ray_address"), spec.get("namespace"))
             client = build_client(spec)
         runner.drafter = RemoteEagleProposer(self.vllm_config, self.device, runner, client, is_driver)
+        self._plain_steps = plain_steps_without_drafts(runner)
         # False only to measure drafting from image placeholder ids (what this project did before it shipped them)
         runner.drafter.ship_mm_embeds = bool(cfg.get("mm_embeds", True))
 
@@ -202,6 +238,7 @@ class RemoteDraftWorker(_PlatformWorker):
             # image rows shipped, and steps that were handed image embeddings (vLLM gathered them)
             "mm_rows_shipped": st.mm_rows_shipped,
             "mm_steps": st.mm_steps,
+            "plain_steps": self._plain_steps[0],  # decode steps without drafts run as target-only steps
             "timings": [dataclasses.asdict(t) for t in st.timings],
             **self.split.to_dict(),
         }

