@@ -24,12 +24,19 @@ arguments move to ``additional_config["eagle_cluster"]["draft_length"]``, see ``
     so it depends on k_t alone. Steps with prompt rows, idle gaps and bucket changes are not sampled.
   * goodput(k) = B * E(k) / (B * ms_per_seq(k)) per millisecond; the chosen k is the argmax.
 
+  * a new bucket starts from the nearest bucket that measured every k: for a k it has not measured yet, its
+    cost is that bucket's cost at k scaled by the ratio of the two buckets' costs at a k both measured
+    (``_Bucket.estimates``). So a load seen for the first time is served at once at the k those relative costs
+    pick, and it measures only the k they put within ``explore_margin`` (20%) of the best, one ``hold``-step
+    probe every ``first_explore`` steps. Only the first bucket of a server's life explores every k before
+    choosing (about 16 steps).
+
   Stability: a bucket keeps its current k unless another k's estimated goodput beats it by more than
   ``hysteresis`` (5%), on top of the smoothing of the averages, so noise between two close k values does not
-  make it switch step to step. Exploration is deterministic: a k with fewer than ``min_samples`` period samples
-  in a bucket is tried for ``hold`` consecutive steps (K first, down to 0), and every ``explore_every`` steps a
-  bucket tries its current k's neighbours (alternately one up, one down) for ``hold`` steps, so estimates for
-  the k values not in use stay fresh when the load changes.
+  make it switch step to step. Exploration is deterministic: in a bucket with nothing to start from, a k with
+  fewer than ``min_samples`` period samples is tried for ``hold`` consecutive steps (K first, down to 0); and
+  every ``explore_every`` steps a bucket tries its current k's neighbours (alternately one up, one down) for
+  ``hold`` steps, so estimates for the k values not in use stay fresh when the load changes.
 
 Worked example (also a test, ``tests/actors/verifier/test_draft_length.py``): K = 3, acceptance p = [0.8, 0.6, 0.4], so
 E = [1, 1.8, 2.4, 2.8] for k = 0..3. At a batch of 1 the step costs [10, 11, 12, 13] ms per sequence: goodput
@@ -155,6 +162,22 @@ class _Bucket:
     probe_k: int = 0
     probe_left: int = 0
     probe_up: bool = True  # the next periodic probe goes one k up (else down)
+    prior: list[float | None] | None = None  # [K + 1] the nearest measured bucket's ms_per_seq when this one began
+
+    def estimates(self) -> list[float | None]:
+        """ms per sequence by k: measured where this bucket has samples; else the prior's cost at k times this
+        bucket's / the prior's cost at the k measured most here. Worked example: prior [2, 4, 6, 8], measured
+        [None, None, None, 4.0] (k = 3 only): [1.0, 2.0, 3.0, 4.0]."""
+        own = self.ms_per_seq
+        if self.prior is None:
+            return list(own)
+        measured = [k for k in range(len(own)) if self.samples[k] and own[k] and self.prior[k]]
+        scale = 1.0
+        if measured:
+            ref = max(measured, key=lambda k: self.samples[k])
+            scale = own[ref] / self.prior[ref]
+        return [own[k] if self.samples[k] else (None if self.prior[k] is None else self.prior[k] * scale)
+                for k in range(len(own))]
 
 
 @dataclass
@@ -168,6 +191,8 @@ class AutoDraftLength:
     min_samples: int = 3
     hold: int = 2
     explore_every: int = 128
+    first_explore: int = 8
+    explore_margin: float = 0.2
     buckets: dict[int, _Bucket] = field(default_factory=dict)
     proposed: list[float] = field(default_factory=list)  # [K] decayed draft runs that proposed position i
     accepted: list[float] = field(default_factory=list)  # [K] ... and accepted it
@@ -182,7 +207,14 @@ class AutoDraftLength:
     def _bucket(self, batch_size: int) -> _Bucket:
         b = bucket(batch_size)
         if b not in self.buckets:
-            self.buckets[b] = _Bucket([None] * (self.max_k + 1), [0] * (self.max_k + 1), self.max_k)
+            k1 = self.max_k + 1
+            s = self.buckets[b] = _Bucket([None] * k1, [0] * k1, self.max_k)
+            known = [o for o in self.buckets if o != b and min(self.buckets[o].samples) >= self.min_samples]
+            if known:  # start from the nearest measured bucket (the smaller one on a tie: the load is rising)
+                near = self.buckets[min(known, key=lambda o: (abs(o - b), o))]
+                s.prior = near.estimates()
+                s.current = best_k(s.prior, expected_tokens(self.acceptance(), self.max_k), near.current,
+                                   self.hysteresis)
         return self.buckets[b]
 
     def choose(self, batch_size: int) -> int:
@@ -191,10 +223,19 @@ class AutoDraftLength:
         if s.probe_left > 0:
             s.probe_left -= 1
             return s.probe_k
-        unseen = [k for k in range(self.max_k, -1, -1) if s.samples[k] < self.min_samples]
-        if unseen:
-            return self._probe(s, unseen[0])
-        s.current = best_k(s.ms_per_seq, expected_tokens(self.acceptance(), self.max_k), s.current, self.hysteresis)
+        if s.prior is None:
+            unseen = [k for k in range(self.max_k, -1, -1) if s.samples[k] < self.min_samples]
+            if unseen:
+                return self._probe(s, unseen[0])
+        costs, expected = s.estimates(), expected_tokens(self.acceptance(), self.max_k)
+        s.current = best_k(costs, expected, s.current, self.hysteresis)
+        if s.prior is not None and s.steps % self.first_explore == 0:
+            # a seeded bucket measures, one probe at a time, the k its prior puts within explore_margin of the best
+            gp = [e / c if c else 0.0 for e, c in zip(expected, costs, strict=True)]
+            close = [k for k in range(self.max_k + 1)
+                     if not s.samples[k] and gp[k] >= gp[s.current] * (1 - self.explore_margin)]
+            if close:
+                return self._probe(s, max(close, key=lambda k: gp[k]))
         if s.steps % self.explore_every == 0:
             up, down = s.current + 1, s.current - 1
             nxt = up if (s.probe_up and up <= self.max_k) or down < 0 else down
@@ -226,7 +267,7 @@ class AutoDraftLength:
         """Estimated output tokens per second of a bucket's steps drafting k = 0..K, all sequences together
         (``E(k) / ms_per_seq(k)``: tokens per step over the step period; None: not measured)."""
         expected = expected_tokens(self.acceptance(), self.max_k)
-        return [1000.0 * e / c if c else None for e, c in zip(expected, s.ms_per_seq, strict=True)]
+        return [1000.0 * e / c if c else None for e, c in zip(expected, s.estimates(), strict=True)]
 
     def goodput(self, batch_size: int, k: int) -> float | None:
         """``_goodputs`` of this batch size's bucket, at k."""

@@ -128,3 +128,19 @@ def test_goodput_table_is_what_auto_chooses_by():
     text = ProposerStats(goodput_by_k={"17-32": [1.5, None, 0.25, 0.125]}).prometheus()
     assert 'eagle_cluster_estimated_goodput_by_draft_length{batch="17-32",k="0"} 1.500' in text
     assert 'k="1"' not in text and 'eagle_cluster_estimated_goodput_by_draft_length{batch="17-32",k="3"} 0.125' in text
+
+
+def test_a_new_bucket_starts_from_its_measured_neighbour():
+    """Batch 16 measured (k = 0 wins there, as at 32): batch 32 starts at k = 0 and probes no other k (its neighbour's
+    relative costs put every other k more than 20% behind), where a policy that had not measured any bucket explores
+    every k first."""
+    p = dl.AutoDraftLength(3)
+    simulate(p, 16, cost, 200)
+    assert p.buckets[dl.bucket(16)].current == 0
+    ks = simulate(p, 32, cost, 20)
+    assert ks == [0] * 20, ks
+    fresh = simulate(dl.AutoDraftLength(3), 32, cost, 20)
+    assert fresh.count(0) <= 8 and set(fresh) == {0, 1, 2, 3}, fresh
+    # the unmeasured k take the neighbour's costs, scaled by the one k both measured
+    s = dl._Bucket([None, None, None, 4.0], [0, 0, 0, 1], 3, prior=[2.0, 4.0, 6.0, 8.0])
+    assert s.estimates() == [1.0, 2.0, 3.0, 4.0]
