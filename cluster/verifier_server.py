@@ -242,12 +242,13 @@ class VerifierServer:
     async def step_timings(self, reset: bool = False) -> dict[str, list]:
         """Per-step timings since the last reset, for benchmarks: the proposer's (``timings``: how long each
         propose took and waited on drafters, and whether it was all hits) and the worker's (``forward_ms``: the
-        target forward, ``sample_ms``: rejection sampling and propose, ``period_ms``: step start to step start). On
+        target forward, ``sample_ms``: rejection sampling and propose, ``period_ms``: step start to step start), and
+        the periods the draft-length policy timed (``draft_length_periods``: batch size, k, ms; ``auto`` only). On
         CUDA they run until the device finished the call's work (``actors.timing``), as on a CPU."""
         driver = await self.engine.stats_rpc()
         if reset:
             await self.engine.reset_stats()
-        return {k: driver[k] for k in ("timings", "forward_ms", "sample_ms", "period_ms")}
+        return {k: driver[k] for k in ("timings", "forward_ms", "sample_ms", "period_ms", "draft_length_periods")}
 
     async def check_health(self) -> None:
         """Serve's health check of this replica: the engine's."""

@@ -18,10 +18,12 @@ arguments move to ``additional_config["eagle_cluster"]["draft_length"]``, see ``
     accepted, among runs that proposed at least ``i + 1`` drafts (exponentially decayed counts, global). A
     sequence drafting k tokens then yields ``E(k) = 1 + p[0] + ... + p[k-1]`` tokens per step (the bonus or
     recovered token plus the accepted drafts).
-  * step cost: per batch-size bucket (1, 2, 3-4, 5-8, 9-16, ...; ``bucket``) and per k, an exponential moving
-    average of the step period divided by B (``ms_per_seq``), measured from one ``propose`` call to the next:
+  * step cost: per batch-size bucket (1, 2, 3-4, 5-8, 9-16, ...; ``bucket``) and per k, the median of the last
+    ``window`` (3) step periods divided by B (``ms_per_seq``), measured from one ``propose`` call to the next:
     that interval holds the drafting of step t (with k_t) and the target forward that verifies its k_t drafts,
-    so it depends on k_t alone. Steps with prompt rows, idle gaps and bucket changes are not sampled.
+    so it depends on k_t alone. Steps with prompt rows, idle gaps and bucket changes are not sampled. A median
+    of a few recent samples, not a long average: one probe of a k not in use (2 steps) replaces what was measured
+    of it long ago (at a server's start everything is slow), and one slow step (a pause) does not move it.
   * goodput(k) = B * E(k) / (B * ms_per_seq(k)) per millisecond; the chosen k is the argmax.
 
   * a new bucket starts from the nearest bucket that measured every k: for a k it has not measured yet, its
@@ -32,11 +34,11 @@ arguments move to ``additional_config["eagle_cluster"]["draft_length"]``, see ``
     choosing (about 16 steps).
 
   Stability: a bucket keeps its current k unless another k's estimated goodput beats it by more than
-  ``hysteresis`` (5%), on top of the smoothing of the averages, so noise between two close k values does not
-  make it switch step to step. Exploration is deterministic: in a bucket with nothing to start from, a k with
+  ``hysteresis`` (5%), on top of the medians, so noise between two close k values does not make it switch step
+  to step. Exploration is deterministic: in a bucket with nothing to start from, a k with
   fewer than ``min_samples`` period samples is tried for ``hold`` consecutive steps (K first, down to 0); and
-  every ``explore_every`` steps a bucket tries its current k's neighbours (alternately one up, one down) for
-  ``hold`` steps, so estimates for the k values not in use stay fresh when the load changes.
+  every ``explore_every`` steps a bucket tries the next of the k values not in use (each in turn, K down to 0)
+  for ``hold`` steps, so their estimates stay fresh when the load changes.
 
 Worked example (also a test, ``tests/actors/verifier/test_draft_length.py``): K = 3, acceptance p = [0.8, 0.6, 0.4], so
 E = [1, 1.8, 2.4, 2.8] for k = 0..3. At a batch of 1 the step costs [10, 11, 12, 13] ms per sequence: goodput
@@ -57,6 +59,8 @@ goodput [1.00, 0.90, 0.83, 0.74], k = 0. At a batch of 8 with [3.0, 4.0, 5.0, 6.
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -155,13 +159,13 @@ class ScheduledDraftLength(FixedDraftLength):
 
 @dataclass
 class _Bucket:
-    ms_per_seq: list[float | None]  # [K + 1] EMA of the step period / B, per k
+    ms_per_seq: list[float | None]  # [K + 1] median of the recent step periods / B, per k
     samples: list[int]  # [K + 1]
     current: int
     steps: int = 0
     probe_k: int = 0
     probe_left: int = 0
-    probe_up: bool = True  # the next periodic probe goes one k up (else down)
+    probe_next: int = 0  # the periodic probes go through the k values in turn: the next one to try
     prior: list[float | None] | None = None  # [K + 1] the nearest measured bucket's ms_per_seq when this one began
 
     def estimates(self) -> list[float | None]:
@@ -186,7 +190,7 @@ class AutoDraftLength:
 
     max_k: int
     hysteresis: float = 0.05
-    smoothing: float = 0.2  # EMA weight of a new period sample
+    window: int = 3  # period samples per (bucket, k) whose median is its cost
     acceptance_decay: float = 0.995  # per verified draft run
     min_samples: int = 3
     hold: int = 2
@@ -194,6 +198,8 @@ class AutoDraftLength:
     first_explore: int = 8
     explore_margin: float = 0.2
     buckets: dict[int, _Bucket] = field(default_factory=dict)
+    recent: dict[tuple[int, int], deque[float]] = field(default_factory=dict)  # (bucket, k) -> last periods / B
+    history: deque[tuple[int, int, float]] = field(default_factory=lambda: deque(maxlen=4096))  # (B, k, period ms)
     proposed: list[float] = field(default_factory=list)  # [K] decayed draft runs that proposed position i
     accepted: list[float] = field(default_factory=list)  # [K] ... and accepted it
 
@@ -236,12 +242,11 @@ class AutoDraftLength:
                      if not s.samples[k] and gp[k] >= gp[s.current] * (1 - self.explore_margin)]
             if close:
                 return self._probe(s, max(close, key=lambda k: gp[k]))
-        if s.steps % self.explore_every == 0:
-            up, down = s.current + 1, s.current - 1
-            nxt = up if (s.probe_up and up <= self.max_k) or down < 0 else down
-            s.probe_up = not s.probe_up
-            if 0 <= nxt <= self.max_k:
-                return self._probe(s, nxt)
+        if s.steps % self.explore_every == 0 and self.max_k > 0:
+            others = [k for k in range(self.max_k, -1, -1) if k != s.current]
+            nxt = others[s.probe_next % len(others)]
+            s.probe_next += 1
+            return self._probe(s, nxt)
         return s.current
 
     def _probe(self, s: _Bucket, k: int) -> int:
@@ -251,9 +256,10 @@ class AutoDraftLength:
     def observe_period(self, batch_size: int, k: int, ms: float) -> None:
         """One step's period (``ms``, from its ``propose`` to the next) at this batch size, drafting k."""
         s = self._bucket(batch_size)
-        v = ms / max(batch_size, 1)
-        old = s.ms_per_seq[k]
-        s.ms_per_seq[k] = v if old is None else old + self.smoothing * (v - old)
+        self.history.append((batch_size, k, ms))
+        recent = self.recent.setdefault((bucket(batch_size), k), deque(maxlen=self.window))
+        recent.append(ms / max(batch_size, 1))
+        s.ms_per_seq[k] = statistics.median(recent)
         s.samples[k] += 1
 
     def observe_acceptance(self, num_drafts: int, accepted: int) -> None:

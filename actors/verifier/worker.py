@@ -231,7 +231,7 @@ class RemoteDraftWorker(_PlatformWorker):
         return timed
 
     def eagle_cluster_stats(self) -> dict[str, Any]:
-        _, st, is_driver, client, goodput = self._proposer()
+        drafter, st, is_driver, client, goodput = self._proposer()
         return {
             "is_driver": is_driver,
             **st.stats(client, goodput_by_k=goodput).to_dict(),
@@ -239,6 +239,8 @@ class RemoteDraftWorker(_PlatformWorker):
             "mm_rows_shipped": st.mm_rows_shipped,
             "mm_steps": st.mm_steps,
             "plain_steps": self._plain_steps[0],  # decode steps without drafts run as target-only steps
+            # (batch size, k, period ms) of each step the draft-length policy timed (``auto`` only)
+            "draft_length_periods": list(getattr(getattr(drafter, "draft_length", None), "history", ())),
             "timings": [dataclasses.asdict(t) for t in st.timings],
             **self.split.to_dict(),
         }
@@ -265,4 +267,6 @@ class RemoteDraftWorker(_PlatformWorker):
         drafter = getattr(self.model_runner, "drafter", None)
         if isinstance(drafter, RemoteEagleProposer):
             drafter.state.reset_measurements()
+            if hasattr(drafter.draft_length, "history"):
+                drafter.draft_length.history.clear()
         self.split.clear()

@@ -75,7 +75,7 @@ def test_auto_is_stable_under_noise():
     settled = [k for i, k in enumerate(ks[100:]) if (i + 101) % p.explore_every not in range(p.hold)]
     switches = sum(a != b for a, b in zip(settled, settled[1:], strict=False))
     assert switches <= 4, switches
-    no_hysteresis = dl.AutoDraftLength(3, hysteresis=0.0, smoothing=1.0)
+    no_hysteresis = dl.AutoDraftLength(3, hysteresis=0.0, window=1)
     ks = simulate(no_hysteresis, 8, close, 1000, noise=0.1, seed=3)
     assert sum(a != b for a, b in zip(ks[100:], ks[101:], strict=False)) > 2 * switches  # what hysteresis buys
 
@@ -144,3 +144,20 @@ def test_a_new_bucket_starts_from_its_measured_neighbour():
     # the unmeasured k take the neighbour's costs, scaled by the one k both measured
     s = dl._Bucket([None, None, None, 4.0], [0, 0, 0, 1], 3, prior=[2.0, 4.0, 6.0, 8.0])
     assert s.estimates() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_a_k_measured_slow_at_start_is_measured_again():
+    """Every k is slow while the server warms up; k = 0 was measured then, and is the best k afterwards. The periodic
+    probes go through every k not in use, and one probe replaces the stale median, so ``auto`` ends at k = 0."""
+    calls = [0]
+
+    def warming(batch: int, k: int) -> float:
+        calls[0] += 1
+        return cost(batch, k) * (20.0 if calls[0] <= 16 and k == 0 else 1.0)
+
+    p = dl.AutoDraftLength(3, explore_every=32)
+    first = simulate(p, 16, warming, 16)
+    assert 0 in first and p.buckets[dl.bucket(16)].current != 0
+    ks = simulate(p, 16, warming, 200)
+    assert ks[-40:].count(0) >= 36, ks[-40:]
+    assert len(p.history) == 216 and p.history[-1][:2] == (16, ks[-1])
