@@ -29,9 +29,9 @@ arguments move to ``additional_config["eagle_cluster"]["draft_length"]``, see ``
   * a new bucket starts from the nearest bucket that measured every k: for a k it has not measured yet, its
     cost is that bucket's cost at k scaled by the ratio of the two buckets' costs at a k both measured
     (``_Bucket.estimates``). So a load seen for the first time is served at once at the k those relative costs
-    pick, and it measures only the k they put within ``explore_margin`` (20%) of the best, one ``hold``-step
-    probe every ``first_explore`` steps. Only the first bucket of a server's life explores every k before
-    choosing (about 16 steps).
+    pick, and it measures each other k once, one ``hold``-step probe every ``first_explore`` (4) steps, best
+    estimate first (a neighbour measured while the server warmed up can be far off). Only the first bucket of a
+    server's life explores every k ``min_samples`` times before choosing (about 16 steps).
 
   Stability: a bucket keeps its current k unless another k's estimated goodput beats it by more than
   ``hysteresis`` (5%), on top of the medians, so noise between two close k values does not make it switch step
@@ -195,8 +195,7 @@ class AutoDraftLength:
     min_samples: int = 3
     hold: int = 2
     explore_every: int = 128
-    first_explore: int = 8
-    explore_margin: float = 0.2
+    first_explore: int = 4
     buckets: dict[int, _Bucket] = field(default_factory=dict)
     recent: dict[tuple[int, int], deque[float]] = field(default_factory=dict)  # (bucket, k) -> last periods / B
     history: deque[tuple[int, int, float]] = field(default_factory=lambda: deque(maxlen=4096))  # (B, k, period ms)
@@ -236,12 +235,11 @@ class AutoDraftLength:
         costs, expected = s.estimates(), expected_tokens(self.acceptance(), self.max_k)
         s.current = best_k(costs, expected, s.current, self.hysteresis)
         if s.prior is not None and s.steps % self.first_explore == 0:
-            # a seeded bucket measures, one probe at a time, the k its prior puts within explore_margin of the best
-            gp = [e / c if c else 0.0 for e, c in zip(expected, costs, strict=True)]
-            close = [k for k in range(self.max_k + 1)
-                     if not s.samples[k] and gp[k] >= gp[s.current] * (1 - self.explore_margin)]
-            if close:
-                return self._probe(s, max(close, key=lambda k: gp[k]))
+            # a seeded bucket measures the k it has not measured yet, one probe at a time, best estimate first
+            unmeasured = [k for k in range(self.max_k + 1) if not s.samples[k]]
+            if unmeasured:
+                gp = [e / c if c else 0.0 for e, c in zip(expected, costs, strict=True)]
+                return self._probe(s, max(unmeasured, key=lambda k: gp[k]))
         if s.steps % self.explore_every == 0 and self.max_k > 0:
             others = [k for k in range(self.max_k, -1, -1) if k != s.current]
             nxt = others[s.probe_next % len(others)]

@@ -131,14 +131,13 @@ def test_goodput_table_is_what_auto_chooses_by():
 
 
 def test_a_new_bucket_starts_from_its_measured_neighbour():
-    """Batch 16 measured (k = 0 wins there, as at 32): batch 32 starts at k = 0 and probes no other k (its neighbour's
-    relative costs put every other k more than 20% behind), where a policy that had not measured any bucket explores
-    every k first."""
+    """Batch 16 measured (k = 0 wins there, as at 32): batch 32 starts at k = 0 and measures each other k once (a
+    2-step probe every 4 steps), where a policy that had not measured any bucket explores every k 3 times first."""
     p = dl.AutoDraftLength(3)
     simulate(p, 16, cost, 200)
     assert p.buckets[dl.bucket(16)].current == 0
     ks = simulate(p, 32, cost, 20)
-    assert ks == [0] * 20, ks
+    assert ks.count(0) >= 14 and ks[-4:] == [0] * 4 and set(ks) == {0, 1, 2, 3}, ks
     fresh = simulate(dl.AutoDraftLength(3), 32, cost, 20)
     assert fresh.count(0) <= 8 and set(fresh) == {0, 1, 2, 3}, fresh
     # the unmeasured k take the neighbour's costs, scaled by the one k both measured
