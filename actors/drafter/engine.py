@@ -39,7 +39,7 @@ import torch
 
 from actors.drafter.branches import BranchAttention, BranchEntry, guesses
 from actors.drafter.config import DrafterEngineConfig
-from actors.drafter.kv_cache import DraftKVCache, device_budget_gib
+from actors.drafter.kv_cache import DraftKVCache, consecutive, device_budget_gib
 from actors.drafter.prefix_cache import PrefixBlockStore, SeqTokens
 from actors.eagle.heads import DraftHead
 from actors.eagle.layers import sdpa_attend
@@ -123,6 +123,7 @@ class CacheAttention:
         self._shared: dict[int | None, int | None] = {}  # per chunk size: the window's start when every sequence's
         #                                                  window is at the same positions, inside the cache; else None
         self.slot_order = self._slot_order(self.slot_list)
+        self.sorted_slot_list = self.slot_list if self.slot_order is None else sorted(self.slot_list)
         if self.slot_order is not None:
             self.order_d = self.slot_order.to(b.device)
             self.unorder_d = torch.argsort(self.slot_order).to(b.device)
@@ -136,7 +137,7 @@ class CacheAttention:
         vLLM's persistent batch reorders its requests as others finish, so a batch's slots are often a shuffle.
         Worked example: slots [5, 3, 4] -> order [1, 2, 0] (slots[order] = [3, 4, 5], a view of slots 3..5)."""
         num = len(slots)
-        if num < 2 or max(slots) - min(slots) + 1 != num or _consecutive(slots):
+        if num < 2 or max(slots) - min(slots) + 1 != num or consecutive(slots):
             return None  # one sequence, not consecutive (a copy either way), or already in order (a view already)
         return torch.tensor(sorted(range(num), key=slots.__getitem__))  # num distinct slots spanning num values
 
@@ -180,8 +181,7 @@ class CacheAttention:
             keys, values = self.cache.read_window(layer, b.slots, key_pos)
         else:  # attend in slot order (_slot_order)
             order = self.slot_order
-            slots = self.slot_list if order is None else sorted(self.slot_list)
-            keys, values = self.cache.read_shared(layer, slots, lo, key_pos.shape[1])
+            keys, values = self.cache.read_shared(layer, self.sorted_slot_list, lo, key_pos.shape[1])
         if keys.dtype != q.dtype:
             keys, values = keys.to(q.dtype), values.to(q.dtype)
         num_seqs, width = b.slots.numel(), key_pos.shape[1]
@@ -208,11 +208,6 @@ class CacheAttention:
         if order is not None:
             out = out.index_select(0, self.unorder_d)  # back to the batch's order
         return out[:, 0] if self.one_row else out[dev["row_seq"], dev["row_local"]]  # [N, heads * head_dim]
-
-
-def _consecutive(slots: list[int]) -> bool:
-    """Whether each slot is the one after the previous (one sequence: True)."""
-    return all(b == a + 1 for a, b in zip(slots, slots[1:], strict=False))
 
 
 class TensorDrafts(NamedTuple):

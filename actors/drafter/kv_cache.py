@@ -36,6 +36,11 @@ class CacheFullError(RuntimeError):
     pass
 
 
+def consecutive(slots: list[int]) -> bool:
+    """Whether each slot is the one after the previous (one sequence: True): their entries are one view."""
+    return all(b == a + 1 for a, b in zip(slots, slots[1:], strict=False))
+
+
 def device_budget_gib(device: str | torch.device, fraction: float) -> float | None:
     """GiB the draft KV cache may take on ``device`` when no budget is configured: ``fraction`` of the memory
     free now (call it once the weights are there; the rest is for activations and whoever shares the GPU).
@@ -199,7 +204,7 @@ class DraftKVCache:
         cache, no copy; else one block copy per slot, ~3x faster than ``read_window``'s gather."""
         first, num = slots[0], len(slots)
         k, v = self.k[layer], self.v[layer]
-        if all(b == a + 1 for a, b in zip(slots, slots[1:], strict=False)):
+        if consecutive(slots):
             return k[first : first + num, lo : lo + width], v[first : first + num, lo : lo + width]
         index = torch.tensor(slots, device=self.device)
         return k[:, lo : lo + width].index_select(0, index), v[:, lo : lo + width].index_select(0, index)
@@ -211,16 +216,7 @@ class DraftKVCache:
         positions: torch.Tensor,  # [B, width]: each row consecutive positions (CPU)
     ) -> tuple[torch.Tensor, torch.Tensor]:  # each [B, width, num_kv_heads, head_dim], on the cache's device
         lo, width = int(positions[0, 0]), positions.shape[1]
-        slots_d = slots.to(self.device)
         if int(positions[-1, -1]) == lo + width - 1 and bool((positions[:, 0] == lo).all()):
-            # Every row reads the same positions (a global layer, or one attention chunk). Consecutive slots (one
-            # sequence, or a batch placed together): a view of the cache, no copy; else one block copy per slot,
-            # ~3x faster than the gather below.
-            first, num = int(slots[0]), slots.numel()
-            if num == 1 or bool((slots.diff() == 1).all()):
-                return (self.k[layer][first : first + num, lo : lo + width],
-                        self.v[layer][first : first + num, lo : lo + width])
-            return (self.k[layer][:, lo : lo + width].index_select(0, slots_d),
-                    self.v[layer][:, lo : lo + width].index_select(0, slots_d))
-        idx = (slots_d[:, None], positions.to(self.device))
+            return self.read_shared(layer, slots.tolist(), lo, width)  # every row reads the same positions
+        idx = (slots.to(self.device)[:, None], positions.to(self.device))
         return self.k[layer][idx], self.v[layer][idx]

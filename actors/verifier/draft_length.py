@@ -167,6 +167,7 @@ class _Bucket:
     probe_left: int = 0
     probe_next: int = 0  # the periodic probes go through the k values in turn: the next one to try
     prior: list[float | None] | None = None  # [K + 1] the nearest measured bucket's ms_per_seq when this one began
+    recent: dict[int, deque[float]] = field(default_factory=dict)  # k -> its last periods / B (ms_per_seq: median)
 
     def estimates(self) -> list[float | None]:
         """ms per sequence by k: measured where this bucket has samples; else the prior's cost at k times this
@@ -197,7 +198,6 @@ class AutoDraftLength:
     explore_every: int = 128
     first_explore: int = 4
     buckets: dict[int, _Bucket] = field(default_factory=dict)
-    recent: dict[tuple[int, int], deque[float]] = field(default_factory=dict)  # (bucket, k) -> last periods / B
     history: deque[tuple[int, int, float]] = field(default_factory=lambda: deque(maxlen=4096))  # (B, k, period ms)
     proposed: list[float] = field(default_factory=list)  # [K] decayed draft runs that proposed position i
     accepted: list[float] = field(default_factory=list)  # [K] ... and accepted it
@@ -255,7 +255,7 @@ class AutoDraftLength:
         """One step's period (``ms``, from its ``propose`` to the next) at this batch size, drafting k."""
         s = self._bucket(batch_size)
         self.history.append((batch_size, k, ms))
-        recent = self.recent.setdefault((bucket(batch_size), k), deque(maxlen=self.window))
+        recent = s.recent.setdefault(k, deque(maxlen=self.window))
         recent.append(ms / max(batch_size, 1))
         s.ms_per_seq[k] = statistics.median(recent)
         s.samples[k] += 1
