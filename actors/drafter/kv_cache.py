@@ -11,9 +11,14 @@ its first position: ``known_from[slot]`` records that position, and attention ma
 sequence drafts from the context it has here rather than from another sequence's stale entries.
 
 ``next_pos[slot]``: the position after the last *real* row written (``DrafterEngine._context``; draft passes
-write ahead but do not count). A step that starts further right (``start_position > next_pos``: a step whose
-rows never reached this drafter, e.g. its call failed) would read entries that are missing or drafts': the
-sequence is then treated like a re-homed one (``known_from`` moves to the step's first position; counted cold).
+write ahead but do not count). A step that starts further right (``start_position > next_pos``: rows that never
+reached this drafter: the verifier's target-only steps (k = 0, which ship nothing), or a step whose call failed)
+would read entries that are missing or drafts': positions ``[next_pos, start_position)`` become the slot's gap,
+masked, so the sequence keeps drafting from everything else it has. A slot holds one gap: a second one widens it
+to ``[gap_lo, start_position)`` (the real rows between the two are masked too, still more context than none).
+Worked example: rows 0-4 arrive, k = 0 steps at positions 5-7 ship nothing, then a step starts at 8: it attends
+to 0-4 and 8 on (gap [5, 8)); after rows 8-9, k = 0 again at 10-11 and a step at 12: gap [5, 12), it attends to
+0-4 and 12 on.
 
 A sequence whose first step starts at P > 0 because vLLM found its prefix in its own prefix cache gets positions
 [0, m * B) copied in from the drafter's prefix cache (``actors.drafter.prefix_cache``; m blocks found of size B).
@@ -129,10 +134,10 @@ class DraftKVCache:
             elif pos < self.known_from[slot]:  # restarted (preempted): everything from pos is rewritten
                 self.known_from[slot] = pos
                 self.gap_hi[slot] = min(int(self.gap_hi[slot]), pos)
-            elif pos > self.next_pos[slot]:  # rows it never got: draft from what follows, as a re-homed one
-                self.known_from[slot] = pos
-                self.gap_lo[slot] = self.gap_hi[slot] = 0
-                cold += 1
+            elif pos > (nxt := int(self.next_pos[slot])):  # rows it never got: masked as the slot's gap
+                if self.gap_hi[slot] <= self.gap_lo[slot]:  # none yet
+                    self.gap_lo[slot] = nxt
+                self.gap_hi[slot] = pos
             else:  # continues, or restarts inside what it has: a gap past pos is rewritten from here
                 self.gap_hi[slot] = min(int(self.gap_hi[slot]), pos)
             self.last_used[rid] = now

@@ -23,7 +23,11 @@ import torch
 
 @functools.cache
 def available() -> bool:
-    """Whether vLLM's kernels can be called in this process (``import vllm._C`` registers them)."""
+    """Whether vLLM's kernels can be called in this process (``import vllm._C`` registers them). vLLM's x86 CPU
+    wheel is built for AVX-512: on an x86 CPU without it, importing its kernels dies of an illegal instruction
+    (measured on an AVX2-only EPYC), so they are not tried there."""
+    if not torch.cuda.is_available() and torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2"):
+        return False
     try:
         import vllm._C  # noqa: F401
     except (ImportError, OSError):  # no vLLM, or a build whose native libraries do not load here

@@ -21,17 +21,21 @@ arguments move to ``additional_config["eagle_cluster"]["draft_length"]``, see ``
   * step cost: per batch-size bucket (1, 2, 3-4, 5-8, 9-16, ...; ``bucket``) and per k, the median of the last
     ``window`` (3) step periods divided by B (``ms_per_seq``), measured from one ``propose`` call to the next:
     that interval holds the drafting of step t (with k_t) and the target forward that verifies its k_t drafts,
-    so it depends on k_t alone. Steps with prompt rows, idle gaps and bucket changes are not sampled. A median
-    of a few recent samples, not a long average: one probe of a k not in use (2 steps) replaces what was measured
-    of it long ago (at a server's start everything is slow), and one slow step (a pause) does not move it.
+    so it depends on k_t, and also on k_{t-1}: the same interval streams the tokens of step t, which verified
+    step t-1's k_{t-1} drafts (1 + accepted tokens per sequence to detokenize and send). So only *steady* periods
+    are sampled, those with k_{t-1} = k_t (measured: at batch 32 the first k = 0 step after k = 3 steps took
+    ~1.6x a steady one); steps with prompt rows, idle gaps and bucket changes are not sampled either. A median of
+    a few recent samples, not a long average: one probe of a k not in use (``hold`` = 3 steps, 2 steady samples)
+    replaces what was measured of it long ago (at a server's start everything is slow), and one slow step (a
+    pause) does not move it.
   * goodput(k) = B * E(k) / (B * ms_per_seq(k)) per millisecond; the chosen k is the argmax.
 
   * a new bucket starts from the nearest bucket that measured every k: for a k it has not measured yet, its
     cost is that bucket's cost at k scaled by the ratio of the two buckets' costs at a k both measured
     (``_Bucket.estimates``). So a load seen for the first time is served at once at the k those relative costs
-    pick, and it measures each other k once, one ``hold``-step probe every ``first_explore`` (4) steps, best
+    pick, and it measures each other k once, one ``hold``-step probe every ``first_explore`` (6) steps, best
     estimate first (a neighbour measured while the server warmed up can be far off). Only the first bucket of a
-    server's life explores every k ``min_samples`` times before choosing (about 16 steps).
+    server's life explores every k ``min_samples`` (2) times before choosing (about 12 steps).
 
   Stability: a bucket keeps its current k unless another k's estimated goodput beats it by more than
   ``hysteresis`` (5%), on top of the medians, so noise between two close k values does not make it switch step
@@ -111,7 +115,7 @@ class DraftLength(Protocol):
     max_k: int
 
     def choose(self, batch_size: int) -> int: ...
-    def observe_period(self, batch_size: int, k: int, ms: float) -> None: ...
+    def observe_period(self, batch_size: int, k: int, ms: float, previous_k: int | None = None) -> None: ...
     def observe_acceptance(self, num_drafts: int, accepted: int) -> None: ...
     def goodput(self, batch_size: int, k: int) -> float | None: ...
     def goodput_table(self) -> dict[str, list[float | None]]: ...
@@ -126,7 +130,7 @@ class FixedDraftLength:
     def choose(self, batch_size: int) -> int:
         return self.max_k
 
-    def observe_period(self, batch_size: int, k: int, ms: float) -> None:
+    def observe_period(self, batch_size: int, k: int, ms: float, previous_k: int | None = None) -> None:
         return None
 
     def observe_acceptance(self, num_drafts: int, accepted: int) -> None:
@@ -194,9 +198,9 @@ class AutoDraftLength:
     window: int = 3  # period samples per (bucket, k) whose median is its cost
     acceptance_decay: float = 0.995  # per verified draft run
     min_samples: int = 3
-    hold: int = 2
+    hold: int = 3
     explore_every: int = 128
-    first_explore: int = 4
+    first_explore: int = 6
     buckets: dict[int, _Bucket] = field(default_factory=dict)
     history: deque[tuple[int, int, float]] = field(default_factory=lambda: deque(maxlen=4096))  # (B, k, period ms)
     proposed: list[float] = field(default_factory=list)  # [K] decayed draft runs that proposed position i
@@ -251,10 +255,14 @@ class AutoDraftLength:
         s.probe_k, s.probe_left = k, self.hold - 1
         return k
 
-    def observe_period(self, batch_size: int, k: int, ms: float) -> None:
-        """One step's period (``ms``, from its ``propose`` to the next) at this batch size, drafting k."""
+    def observe_period(self, batch_size: int, k: int, ms: float, previous_k: int | None = None) -> None:
+        """One step's period (``ms``, from its ``propose`` to the next) at this batch size, drafting k, after a step
+        that drafted ``previous_k`` (None: not known, taken as k). Only a steady period (``previous_k == k``) is a
+        sample of k's cost; the others are kept in ``history`` only."""
         s = self._bucket(batch_size)
         self.history.append((batch_size, k, ms))
+        if previous_k is not None and previous_k != k:
+            return
         recent = s.recent.setdefault(k, deque(maxlen=self.window))
         recent.append(ms / max(batch_size, 1))
         s.ms_per_seq[k] = statistics.median(recent)

@@ -218,7 +218,8 @@ class RemoteEagleProposer(EagleProposer):
         self.draft_length: DraftLength = build_draft_length(cfg.get("draft_length"), spec_k,
                                                             vllm_config.scheduler_config.max_num_seqs)
         self.state.speculative_tokens = [0] * (spec_k + 1)
-        self._last_step: tuple[float, int, int] | None = None  # (propose's start, batch size, k) of a clean step
+        # (propose's start, batch size, k, the previous clean step's k or None) of a clean step
+        self._last_step: tuple[float, int, int, int | None] | None = None
         self._in_flight: _InFlight | None = None  # sent by propose, read by collect_drafts
 
     # --- images ------------------------------------------------------------------------------------
@@ -235,7 +236,7 @@ class RemoteEagleProposer(EagleProposer):
         self._mm_capable = bool(value)
 
     draft_length: DraftLength = FixedDraftLength(0)  # class defaults (issue 23): k = K, as before
-    _last_step: tuple[float, int, int] | None = None
+    _last_step: tuple[float, int, int, int | None] | None = None
     _mm_capable = False  # class defaults: for proposers built without __init__ (tests)
     prompts = PromptAnnouncer(0, False)
     ship_mm_embeds = True
@@ -462,19 +463,21 @@ class RemoteEagleProposer(EagleProposer):
     def _choose_draft_length(self, start: float, batch_size: int, k: int, seqs: list[SeqSlice],
                              in_prefill: list[bool]) -> int:
         """This step's k (0..k) from the policy (``self.draft_length``), after handing it the last step's period
-        (from its ``propose`` to this one: that step's drafting and the forward that verified its drafts), when
-        both steps were decode-only, in one batch-size bucket, with no idle gap (``note_idle``)."""
+        (from its ``propose`` to this one: that step's drafting and the forward that verified its drafts) and the
+        k of the step before it, when those three steps were decode-only, in one batch-size bucket, with no idle gap
+        (``note_idle``)."""
         policy = self.draft_length
         if type(policy) is FixedDraftLength:
             k_step = k
         else:
             clean = not any(in_prefill) and all(s.role is SeqRole.DRAFT for s in seqs)
             last, self._last_step = self._last_step, None
-            if last is not None and clean and bucket(last[1]) == bucket(batch_size):
-                policy.observe_period(last[1], last[2], (start - last[0]) * 1e3)
+            follows = last is not None and clean and bucket(last[1]) == bucket(batch_size)
+            if follows and last[3] is not None:  # steady periods only (k_{t-1} known; the policy compares it)
+                policy.observe_period(last[1], last[2], (start - last[0]) * 1e3, previous_k=last[3])
             k_step = max(0, min(k, policy.choose(batch_size)))
             if clean:
-                self._last_step = (start, batch_size, k_step)
+                self._last_step = (start, batch_size, k_step, last[2] if follows else None)
             self.state.estimated_goodput = policy.goodput(batch_size, k_step) or 0.0
         if k_step < len(self.state.speculative_tokens):
             self.state.speculative_tokens[k_step] += 1

@@ -37,16 +37,17 @@ def simulate(policy: dl.AutoDraftLength, batch: int, cost, steps: int, noise: fl
     """Drive the policy as the proposer does: choose, verify (acceptance), time the step (``cost(batch, k)`` ms per
     step, times 1 +- noise)."""
     rng = random.Random(seed)
-    ks = []
+    ks: list[int] = []
     for _ in range(steps):
         k = policy.choose(batch)
+        previous = ks[-1] if ks else None
         ks.append(k)
         for _ in range(batch):
             a = 0
             while a < k and rng.random() < accept[a] / (accept[a - 1] if a else 1.0):
                 a += 1
             policy.observe_acceptance(k, a)
-        policy.observe_period(batch, k, cost(batch, k) * (1 + rng.uniform(-noise, noise)))
+        policy.observe_period(batch, k, cost(batch, k) * (1 + rng.uniform(-noise, noise)), previous_k=previous)
     return ks
 
 
@@ -86,11 +87,58 @@ def test_auto_explores_then_follows_a_changed_cost():
         return 5.0 + 0.5 * k
 
     first = simulate(p, 1, cheap, 16)
-    assert first[:2] == [3, 3] and set(first) == {0, 1, 2, 3}  # each k measured min_samples times, K first
+    assert first[:3] == [3, 3, 3] and set(first) == {0, 1, 2, 3}  # each k measured min_samples times, K first
     simulate(p, 1, cheap, 100)
     assert p.buckets[dl.bucket(1)].current == 3
     ks = simulate(p, 1, lambda b, k: 9.0 + 40.0 * k, 300)  # drafting became expensive: k = 0 wins
-    assert ks[-20:].count(0) >= 16  # all but the periodic probes (2 steps in 16)
+    assert ks[-20:].count(0) >= 16  # all but the periodic probes (3 steps in 16)
+
+
+def test_auto_samples_steady_periods_only():
+    """A period right after a k change also streams the previous step's output (measured at batch 32: the first
+    k = 0 step after k = 3 steps took ~1.6x a steady one), so only a period whose previous step had the same k is a
+    sample of k's cost; the others go to ``history`` only."""
+    p = dl.AutoDraftLength(3)
+    p.observe_period(32, 0, 50.0, previous_k=3)
+    s = p.buckets[dl.bucket(32)]
+    assert s.samples[0] == 0 and s.ms_per_seq[0] is None and p.history[-1] == (32, 0, 50.0)
+    p.observe_period(32, 0, 20.0, previous_k=0)
+    p.observe_period(32, 0, 22.0, previous_k=0)
+    assert s.samples[0] == 2 and s.ms_per_seq[0] == pytest.approx(21.0 / 32)
+
+
+def test_the_proposer_hands_auto_the_previous_steps_k():
+    """The proposer times each step from its ``propose`` to the next and hands the policy that period with the k
+    of the step before it, only when all three steps were decode steps (a prompt step breaks the chain)."""
+    from actors.messages import SeqRole, SeqSlice
+    from actors.verifier.proposer import ProposerState, RemoteEagleProposer
+
+    class Scripted:
+        max_k = 3
+
+        def __init__(self, ks: list[int]) -> None:
+            self.ks, self.seen = iter(ks), []
+
+        def choose(self, batch_size: int) -> int:
+            return next(self.ks)
+
+        def observe_period(self, batch_size, k, ms, previous_k=None):
+            self.seen.append((k, previous_k, round(ms)))
+
+        def goodput(self, batch_size, k):
+            return None
+
+    p = object.__new__(RemoteEagleProposer)
+    p.state, p._last_step = ProposerState(speculative_tokens=[0] * 4), None
+    p.draft_length = policy = Scripted([3, 3, 0, 0, 0, 3, 3, 3])
+    decode, prompt = [SeqSlice("a", 0, 1, 9)], [SeqSlice("a", 0, 4, 0, SeqRole.CONTEXT)]
+    for t, seqs in enumerate([decode, decode, decode, decode, decode, prompt, decode, decode]):
+        p._choose_draft_length(t * 0.01, 1, 3, seqs, [False])  # propose at t * 10 ms
+    # Step t's period (k_t, k_{t-1}) is handed over at step t + 1: steps 1, 2 and 3 (step 0 has no previous k).
+    # Step 4's period ends at the prompt step, which breaks the chain: step 6 has no previous k, so step 7 hands
+    # nothing over either.
+    assert policy.seen == [(3, 3, 10), (0, 3, 10), (0, 0, 10)]
+    assert p.state.speculative_tokens == [3, 0, 0, 5]
 
 
 def test_engine_arguments_move_the_key_to_the_clusters_config():
@@ -132,14 +180,14 @@ def test_goodput_table_is_what_auto_chooses_by():
 
 def test_a_new_bucket_starts_from_its_measured_neighbour():
     """Batch 16 measured (k = 0 wins there, as at 32): batch 32 starts at k = 0 and measures each other k once (a
-    2-step probe every 4 steps), where a policy that had not measured any bucket explores every k 3 times first."""
+    3-step probe every 6 steps), where a policy that had not measured any bucket explores every k 3 times first."""
     p = dl.AutoDraftLength(3)
     simulate(p, 16, cost, 200)
     assert p.buckets[dl.bucket(16)].current == 0
-    ks = simulate(p, 32, cost, 20)
-    assert ks.count(0) >= 14 and ks[-4:] == [0] * 4 and set(ks) == {0, 1, 2, 3}, ks
-    fresh = simulate(dl.AutoDraftLength(3), 32, cost, 20)
-    assert fresh.count(0) <= 8 and set(fresh) == {0, 1, 2, 3}, fresh
+    ks = simulate(p, 32, cost, 30)
+    assert ks.count(0) >= 20 and ks[-8:] == [0] * 8 and set(ks) == {0, 1, 2, 3}, ks
+    fresh = simulate(dl.AutoDraftLength(3), 32, cost, 30)
+    assert fresh.count(0) <= 16 and fresh[:15].count(0) == 0 and set(fresh) == {0, 1, 2, 3}, fresh
     # the unmeasured k take the neighbour's costs, scaled by the one k both measured
     s = dl._Bucket([None, None, None, 4.0], [0, 0, 0, 1], 3, prior=[2.0, 4.0, 6.0, 8.0])
     assert s.estimates() == [1.0, 2.0, 3.0, 4.0]

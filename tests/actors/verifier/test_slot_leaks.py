@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from actors.messages import BranchEntry, BranchTable, DraftStatus, DraftStep, SeqSlice
 from tests.actors.fake_drafters import (
@@ -199,28 +200,42 @@ def test_actor_probe_never_shows_as_a_sequence(toy_heads):
 
 
 @pytest.mark.parametrize("branches", [None, {"bonus_fanout": 2, "recovered_fanout": 1}], ids=["sync", "async"])
-def test_step_after_a_gap_drafts_as_a_rehomed_sequence(toy_heads, branches):
-    """Rows 5-7 never reached the drafter (their step's call failed): the step from position 8 must not attend to
-    entries that are missing or drafts'; it drafts as a sequence first seen at 8 would."""
+def test_rows_that_never_arrived_are_masked_as_a_gap(toy_heads, branches):
+    """Rows 5-7 never reached the drafter (the verifier's target-only steps ship nothing, or their call failed): the
+    step from position 8 attends to rows 0-4 and its own, never to the entries at 5-7 (missing, or drafts'). Two
+    engines given the same rows, one with noise written at 5-7, draft the same; the kv_cache docstring's worked
+    example, gap by gap."""
     from actors.drafter.branches import BranchConfig
 
     cfg = BranchConfig(**branches) if branches else None
-    engine, fresh = engine_of(toy_heads, branches=cfg), engine_of(toy_heads, branches=cfg)
+    engine, noisy = engine_of(toy_heads, branches=cfg), engine_of(toy_heads, branches=cfg)
     width = engine.spec.fused_hidden_size
-    engine.draft_tensors(*random_step(0, K, [("s", 0, 5)], width))
-    engine.after_step()
-    slot = engine.cache.slot_of["s"]
-    assert int(engine.cache.next_pos[slot]) == 5
-    step, hidden = random_step(1, K, [("s", 8, 2)], width, seed=1)
-    got, want = engine.draft_tensors(step, hidden), fresh.draft_tensors(step, hidden)
-    assert got.cold == want.cold == 1 and int(engine.cache.known_from[slot]) == 8
-    assert got.drafts.tolist() == want.drafts.tolist()
-    engine.after_step()
-    assert int(engine.cache.next_pos[slot]) == 10
 
-    # Contiguous steps, and a restart from an earlier position (preemption), are not gaps.
-    p = engine.draft_tensors(*random_step(2, K, [("s", 10, 1)], width, seed=2))
-    assert p.cold == 0 and int(engine.cache.known_from[slot]) == 8
-    engine.after_step()
-    p = engine.draft_tensors(*random_step(3, K, [("s", 0, 6)], width, seed=3))
-    assert p.cold == 0 and int(engine.cache.known_from[slot]) == 0
+    def both(step_id: int, pos: int, rows: int):
+        step, hidden = random_step(step_id, K, [("s", pos, rows)], width, seed=step_id)
+        got, want = engine.draft_tensors(step, hidden), noisy.draft_tensors(step, hidden)
+        engine.after_step()
+        noisy.after_step()
+        return got, want
+
+    both(0, 0, 5)
+    slot, other = engine.cache.slot_of["s"], noisy.cache.slot_of["s"]
+    assert int(engine.cache.next_pos[slot]) == 5
+    g = torch.Generator().manual_seed(7)
+    for t in noisy.cache.k + noisy.cache.v:
+        t[other, 5:12] = 100 * torch.randn(t[other, 5:12].shape, generator=g)
+
+    def gap() -> tuple[int, int, int]:
+        c = engine.cache
+        return int(c.known_from[slot]), int(c.gap_lo[slot]), int(c.gap_hi[slot])
+
+    got, want = both(1, 8, 2)
+    assert got.cold == 0 and gap() == (0, 5, 8)
+    assert got.drafts.tolist() == want.drafts.tolist()
+    assert int(engine.cache.next_pos[slot]) == 10
+    got, want = both(2, 12, 1)  # a second gap widens the first: [5, 12)
+    assert got.cold == 0 and gap() == (0, 5, 12)
+    assert got.drafts.tolist() == want.drafts.tolist()
+    # Contiguous steps keep the gap; a restart from an earlier position (preemption) rewrites it away.
+    assert both(3, 13, 1)[0].cold == 0 and gap() == (0, 5, 12)
+    assert both(4, 0, 6)[0].cold == 0 and gap()[0] == 0 and engine.cache.full_context(slot)
