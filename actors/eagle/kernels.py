@@ -17,6 +17,7 @@ checks each against the torch op it replaces.
 from __future__ import annotations
 
 import functools
+import platform
 
 import torch
 
@@ -26,7 +27,8 @@ def available() -> bool:
     """Whether vLLM's kernels can be called in this process (``import vllm._C`` registers them). vLLM's x86 CPU
     wheel is built for AVX-512: on an x86 CPU without it, importing its kernels dies of an illegal instruction
     (measured on an AVX2-only EPYC), so they are not tried there."""
-    if not torch.cuda.is_available() and torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2"):
+    x86_cpu_only = not torch.cuda.is_available() and platform.machine().lower() in ("x86_64", "amd64")
+    if x86_cpu_only and torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2"):
         return False
     try:
         import vllm._C  # noqa: F401

@@ -35,7 +35,8 @@ arguments move to ``additional_config["eagle_cluster"]["draft_length"]``, see ``
     (``_Bucket.estimates``). So a load seen for the first time is served at once at the k those relative costs
     pick, and it measures each other k once, one ``hold``-step probe every ``first_explore`` (6) steps, best
     estimate first (a neighbour measured while the server warmed up can be far off). Only the first bucket of a
-    server's life explores every k ``min_samples`` (2) times before choosing (about 12 steps).
+    server's life explores every k ``min_samples`` (3) times before choosing (about 21 steps: a probe gives
+    3 samples at the start, 2 after a change).
 
   Stability: a bucket keeps its current k unless another k's estimated goodput beats it by more than
   ``hysteresis`` (5%), on top of the medians, so noise between two close k values does not make it switch step

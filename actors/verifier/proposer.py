@@ -75,6 +75,15 @@ class _InFlight(NamedTuple):
     propose_ms: float  # the time propose() took
 
 
+class _TimedStep(NamedTuple):
+    """A decode step whose period (from its ``propose`` to the next) ``auto`` may be handed."""
+
+    start: float  # when its propose() began (perf_counter seconds)
+    batch_size: int
+    k: int  # draft tokens per sequence it proposed
+    previous_k: int | None  # the k of the decode step just before it; None: it followed a prompt step or a gap
+
+
 class SentDrafts(NamedTuple):
     """Drafts proposed for a sequence, awaiting the step that says how many were accepted."""
 
@@ -218,8 +227,7 @@ class RemoteEagleProposer(EagleProposer):
         self.draft_length: DraftLength = build_draft_length(cfg.get("draft_length"), spec_k,
                                                             vllm_config.scheduler_config.max_num_seqs)
         self.state.speculative_tokens = [0] * (spec_k + 1)
-        # (propose's start, batch size, k, the previous clean step's k or None) of a clean step
-        self._last_step: tuple[float, int, int, int | None] | None = None
+        self._last_step: _TimedStep | None = None
         self._in_flight: _InFlight | None = None  # sent by propose, read by collect_drafts
 
     # --- images ------------------------------------------------------------------------------------
@@ -236,7 +244,7 @@ class RemoteEagleProposer(EagleProposer):
         self._mm_capable = bool(value)
 
     draft_length: DraftLength = FixedDraftLength(0)  # class defaults (issue 23): k = K, as before
-    _last_step: tuple[float, int, int, int | None] | None = None
+    _last_step: _TimedStep | None = None
     _mm_capable = False  # class defaults: for proposers built without __init__ (tests)
     prompts = PromptAnnouncer(0, False)
     ship_mm_embeds = True
@@ -472,12 +480,12 @@ class RemoteEagleProposer(EagleProposer):
         else:
             clean = not any(in_prefill) and all(s.role is SeqRole.DRAFT for s in seqs)
             last, self._last_step = self._last_step, None
-            follows = last is not None and clean and bucket(last[1]) == bucket(batch_size)
-            if follows and last[3] is not None:  # steady periods only (k_{t-1} known; the policy compares it)
-                policy.observe_period(last[1], last[2], (start - last[0]) * 1e3, previous_k=last[3])
+            follows = last is not None and clean and bucket(last.batch_size) == bucket(batch_size)
+            if follows and last.previous_k is not None:  # steady periods only: the policy compares the two k
+                policy.observe_period(last.batch_size, last.k, (start - last.start) * 1e3, previous_k=last.previous_k)
             k_step = max(0, min(k, policy.choose(batch_size)))
             if clean:
-                self._last_step = (start, batch_size, k_step, last[2] if follows else None)
+                self._last_step = _TimedStep(start, batch_size, k_step, last.k if follows else None)
             self.state.estimated_goodput = policy.goodput(batch_size, k_step) or 0.0
         if k_step < len(self.state.speculative_tokens):
             self.state.speculative_tokens[k_step] += 1
