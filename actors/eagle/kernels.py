@@ -5,7 +5,7 @@ drafter engine's); training and a machine without vLLM run torch's ops, with the
 
 Why: a draft pass over a batch of a few rows is a string of small ops, and on a CPU each torch op costs several
 microseconds of dispatch whatever its size. vLLM's own EAGLE heads run their RMSNorm and rotary through vLLM's
-kernels (``torch.ops._C``, registered by ``vllm._C``: the CPU build's or the CUDA build's, whichever is installed);
+kernels (``torch.ops._C``, registered by the vLLM build installed: CUDA's, or the CPU build's for this CPU);
 measured on this project's CPU (one thread, one row of 256): ``F.rms_norm`` ~20 us, vLLM's ``rms_norm`` ~4 us;
 neox rotary on q and k in torch ~95 us (eleven ops each), vLLM's ``rotary_embedding`` ~4 us.
 
@@ -17,21 +17,19 @@ checks each against the torch op it replaces.
 from __future__ import annotations
 
 import functools
-import platform
 
 import torch
 
 
 @functools.cache
 def available() -> bool:
-    """Whether vLLM's kernels can be called in this process (``import vllm._C`` registers them). vLLM's x86 CPU
-    wheel is built for AVX-512: on an x86 CPU without it, importing its kernels dies of an illegal instruction
-    (measured on an AVX2-only EPYC), so they are not tried there."""
-    x86_cpu_only = not torch.cuda.is_available() and platform.machine().lower() in ("x86_64", "amd64")
-    if x86_cpu_only and torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2"):
-        return False
+    """Whether vLLM's kernels can be called in this process. vLLM's platform loads the build for this CPU (on x86:
+    ``_C`` with AVX-512 BF16, else ``_C_AVX512``, else ``_C_AVX2``; a plain ``import vllm._C`` dies of an illegal
+    instruction on an AVX2-only CPU), and each registers its ops as ``torch.ops._C``."""
     try:
-        import vllm._C  # noqa: F401
+        from vllm.platforms import current_platform
+
+        current_platform.import_kernels()
     except (ImportError, OSError):  # no vLLM, or a build whose native libraries do not load here
         return False
     ops = torch.ops._C
