@@ -1,0 +1,22 @@
+"""``cluster.serve_env``: the Serve defaults every way of starting the product applies, and a value already set wins."""
+
+from __future__ import annotations
+
+from cluster import serve_env
+
+
+def test_defaults_apply_where_unset_and_a_set_value_wins():
+    env = serve_env.environment({"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1", "OTHER": "x"})
+    assert env["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == "0.1" and env["OTHER"] == "x"
+    assert env[serve_env.HAPROXY] == "1" and env["RAY_SERVE_METRICS_EXPORT_INTERVAL_MS"] == "1000"
+    assert serve_env.haproxy_enabled(env) and not serve_env.haproxy_enabled({serve_env.HAPROXY: "0"})
+
+
+def test_the_controller_loop_default_is_read_by_serve():
+    """Serve reads it from the environment at import (``ray.serve._private.constants``); a name Serve dropped would
+    leave the default silently unused."""
+    import ray.serve._private.constants as constants
+
+    assert {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS"} <= set(serve_env.DEFAULTS)
+    source = open(constants.__file__).read()
+    assert all(f'"{name}"' in source for name in serve_env.DEFAULTS)
