@@ -10,7 +10,7 @@ with). A value already in the environment wins, so each is turned off by setting
 - ``RAY_SERVE_CONTROL_LOOP_INTERVAL_S=0.5`` (Serve's default 0.1) and ``RAY_SERVE_METRICS_EXPORT_INTERVAL_MS=1000``
   (100): Ray's processes share the verifier's cores, and an idle served cluster spent 339 ms of CPU per second,
   64 of them in the Serve controller's loop; with these 277, the controller 29, the GCS 28 -> 15 (one-off
-  ``/proc`` split, ``docs/BENCHMARKS.md`` issue 23, fifth pass). Serve's autoscaling delays are in seconds, so
+  ``/proc`` split, ``docs/BENCHMARKS.md`` issue 23, fourth pass). Serve's autoscaling delays are in seconds, so
   they keep their meaning; a replica's state change is seen up to 0.4 s later.
 """
 
