@@ -12,9 +12,9 @@ def test_defaults_apply_where_unset_and_a_set_value_wins():
     assert serve_env.haproxy_enabled(env) and not serve_env.haproxy_enabled({serve_env.HAPROXY: "0"})
 
 
-def test_the_controller_loop_default_is_read_by_serve():
-    """Serve reads it from the environment at import (``ray.serve._private.constants``); a name Serve dropped would
-    leave the default silently unused."""
+def test_serve_reads_every_default_by_name():
+    """Serve reads each from the environment at import (``ray.serve._private.constants``); a name Serve dropped would
+    leave its default silently unused."""
     import ray.serve._private.constants as constants
 
     assert {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS"} <= set(serve_env.DEFAULTS)
