@@ -27,7 +27,8 @@ Reports: failed requests, outputs that differ from vLLM target-only (run first, 
 longest gap between two chunks of any stream (the stall), the verifier's deadline for a drafter, events from the
 verifier's draft client (drafter dropped, sequences re-homed, drafter readmitted), and the acceptance length
 (``vllm:spec_decode_*``) before, during and after the stop. Hardware: the verifier, both drafters and this
-client share this machine's cores.
+client share this machine's cores. Every scenario with drafters drafts k = ``num_speculative_tokens`` at every step
+(``EVERY_STEP_DRAFTS``), not the shipped ``auto``, which may draft nothing at 32 streams on a CPU.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ from pathlib import Path
 
 from actors.metrics import ProposerStats, SpecDecodeStats, from_prometheus_text
 from cluster.config import APP_NAME
-from cluster.harness import HTTP as BASE
 from cluster.harness import (
+    EVERY_STEP_DRAFTS,
     MODEL,
     TARGET,
     cpu_yaml,
@@ -54,6 +55,7 @@ from cluster.harness import (
     serve_command,
     serve_run,
 )
+from cluster.harness import HTTP as BASE
 
 
 def reference(prompts: list[str], max_tokens: int) -> dict[str, list[int]]:
@@ -207,7 +209,8 @@ def only_drafter(args, prompts: list[str], ref: dict[str, list[int]]) -> None:
                 marks["resumed"] = time.time()
         return result, time.time() - start, marks
 
-    with tempfile.TemporaryDirectory() as tmp, serve_run(cpu_yaml(Path(tmp) / "only.yaml")):
+    only = {"speculative_config": EVERY_STEP_DRAFTS}  # drafts at every step: the hang is met under load
+    with tempfile.TemporaryDirectory() as tmp, serve_run(cpu_yaml(Path(tmp) / "only.yaml", **only)):
         try:
             ray.init(address="auto", namespace="hung-drafter", log_to_driver=False)
             warm_up(1)
@@ -257,7 +260,7 @@ def delete_redeploy(args, prompts: list[str], ref: dict[str, list[int]]) -> None
         marks["running"] = time.time()
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = cpu_yaml(Path(tmp) / "delete.yaml")
+        path = cpu_yaml(Path(tmp) / "delete.yaml", speculative_config=EVERY_STEP_DRAFTS)
         doc = deploy_yaml.load(path)
         with serve_run(path):
             try:
@@ -347,7 +350,8 @@ def main(argv: list[str] | None = None) -> None:
     marks: dict = {}
     pids: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as tmp, serve_run(
-            cpu_yaml(Path(tmp) / "hung.yaml", drafter={"num_replicas": 2, "num_cpus": 0.5})):
+            cpu_yaml(Path(tmp) / "hung.yaml", drafter={"num_replicas": 2, "num_cpus": 0.5},
+                     speculative_config=EVERY_STEP_DRAFTS)):
         try:
             ray.init(address="auto", namespace="hung-drafter", log_to_driver=False)
             pids = drafter_actor_pids()

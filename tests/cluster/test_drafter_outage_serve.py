@@ -26,6 +26,7 @@ from actors.metrics import from_prometheus_text
 from cluster import deploy_yaml
 from cluster.config import DRAFTER_APP_NAME
 from cluster.harness import (
+    EVERY_STEP_DRAFTS,
     app_status,
     cpu_yaml,
     deploy_apps,
@@ -51,7 +52,8 @@ def reference() -> dict[str, list[int]]:
 
 @pytest.fixture(scope="module")
 def full_doc(tmp_path_factory) -> dict:
-    path = cpu_yaml(tmp_path_factory.mktemp("outage") / "full.yaml")
+    # Drafts at every step (not the shipped ``auto``): a hung drafter must be met by the steps under load.
+    path = cpu_yaml(tmp_path_factory.mktemp("outage") / "full.yaml", speculative_config=EVERY_STEP_DRAFTS)
     return deploy_yaml.load(path)
 
 

@@ -19,7 +19,16 @@ import urllib.request
 import pytest
 
 from actors.metrics import ProposerStats, from_prometheus_text
-from cluster.harness import HTTP, MODEL, cpu_yaml, drafter_stats, get, replica_actors, serve_run
+from cluster.harness import (
+    EVERY_STEP_DRAFTS,
+    HTTP,
+    MODEL,
+    cpu_yaml,
+    drafter_stats,
+    get,
+    replica_actors,
+    serve_run,
+)
 from tests.cluster.traffic import check_exact, send
 
 pytestmark = [pytest.mark.slow, pytest.mark.isolated]
@@ -29,6 +38,7 @@ POOL = {
     "drafter": {"num_cpus": 0.5, "num_replicas": None, "autoscaling_config": {
         "min_replicas": 1, "max_replicas": 2, "target_sequences_per_replica": 8, "upscale_delay_s": 0,
         "downscale_delay_s": 15, "look_back_period_s": 4, "metrics_interval_s": 0.5}},
+    "speculative_config": EVERY_STEP_DRAFTS,  # the pool under load: drafts at every step, at 32 streams too
 }
 
 
