@@ -23,11 +23,12 @@ arguments move to ``additional_config["eagle_cluster"]["draft_length"]``, see ``
     that interval holds the drafting of step t (with k_t) and the target forward that verifies its k_t drafts,
     so it depends on k_t, and also on k_{t-1}: the same interval streams the tokens of step t, which verified
     step t-1's k_{t-1} drafts (1 + accepted tokens per sequence to detokenize and send). So only *steady* periods
-    are sampled, those with k_{t-1} = k_t (measured: at batch 32 the first k = 0 step after k = 3 steps took
-    ~1.6x a steady one); steps with prompt rows, idle gaps and bucket changes are not sampled either. A median of
-    a few recent samples, not a long average: one probe of a k not in use (``hold`` = 3 steps, 2 steady samples)
-    replaces what was measured of it long ago (at a server's start everything is slow), and one slow step (a
-    pause) does not move it.
+    are sampled: the first ``settle`` (2) periods at a new k are not (measured: at batch 32 the first k = 0 step
+    after k = 3 steps took ~1.6x a steady one; and the first k > 0 steps after a k = 0 stretch find the drafter
+    cold, whose step after an idle gap costs 1.3-3.9x one run back to back); steps with prompt rows, idle gaps and
+    bucket changes are not sampled either. A median of a few recent samples, not a long average: one probe of a k
+    not in use (``hold`` = 4 steps, 2 steady samples) replaces what was measured of it long ago (at a server's
+    start everything is slow), and one slow step (a pause) does not move it.
   * goodput(k) = B * E(k) / (B * ms_per_seq(k)) per millisecond; the chosen k is the argmax.
 
   * a new bucket starts from the nearest bucket that measured every k: for a k it has not measured yet, its
@@ -35,15 +36,20 @@ arguments move to ``additional_config["eagle_cluster"]["draft_length"]``, see ``
     (``_Bucket.estimates``). So a load seen for the first time is served at once at the k those relative costs
     pick, and it measures each other k once, one ``hold``-step probe every ``first_explore`` (6) steps, best
     estimate first (a neighbour measured while the server warmed up can be far off). Only the first bucket of a
-    server's life explores every k ``min_samples`` (3) times before choosing (about 21 steps: a probe gives
-    3 samples at the start, 2 after a change).
+    server's life explores every k ``min_samples`` (2) times before choosing (about 16 steps: one probe each).
 
   Stability: a bucket keeps its current k unless another k's estimated goodput beats it by more than
   ``hysteresis`` (5%), on top of the medians, so noise between two close k values does not make it switch step
-  to step. Exploration is deterministic: in a bucket with nothing to start from, a k with
-  fewer than ``min_samples`` period samples is tried for ``hold`` consecutive steps (K first, down to 0); and
-  every ``explore_every`` steps a bucket tries the next of the k values not in use (each in turn, K down to 0)
-  for ``hold`` steps, so their estimates stay fresh when the load changes.
+  to step. And it switches only on fresh evidence: the current k is measured at every step, the others only when
+  probed, and this machine's speed drifts by 25% within minutes, so when a slow run of the current k makes a
+  rival measured long ago (over ``fresh_steps``, 32 steps) look better, the rival is probed first (its old
+  samples dropped) and the two compared as they are now. Without that, one slow run of k = 3 can move a batch of
+  1 to k = 2 until the next periodic probe of k = 3, hundreds of steps later (the likely cause of 28% of one c = 1
+  run's steps at k = 2, where k = 3's estimated goodput was 1.5x k = 2's). Exploration is deterministic: in a
+  bucket with nothing to start from, a k with fewer than ``min_samples`` period samples is tried for ``hold``
+  consecutive steps (K first, down to 0); and every ``explore_every`` steps a bucket tries the next of the k
+  values not in use (each in turn, K down to 0) for ``hold`` steps, so their estimates stay fresh when the load
+  changes.
 
 Worked example (also a test, ``tests/actors/verifier/test_draft_length.py``): K = 3, acceptance p = [0.8, 0.6, 0.4], so
 E = [1, 1.8, 2.4, 2.8] for k = 0..3. At a batch of 1 the step costs [10, 11, 12, 13] ms per sequence: goodput
@@ -173,6 +179,12 @@ class _Bucket:
     probe_next: int = 0  # the periodic probes go through the k values in turn: the next one to try
     prior: list[float | None] | None = None  # [K + 1] the nearest measured bucket's ms_per_seq when this one began
     recent: dict[int, deque[float]] = field(default_factory=dict)  # k -> its last periods / B (ms_per_seq: median)
+    sampled_at: list[int] = field(default_factory=list)  # [K + 1] ``steps`` at k's last sample (-1: never)
+    run: int = 0  # consecutive periods at the k of the last one observed (1: the first after a change or a break)
+
+    def fresh(self, k: int, within: int) -> bool:
+        """k's cost was sampled in the last ``within`` steps of this bucket."""
+        return self.sampled_at[k] >= 0 and self.steps - self.sampled_at[k] <= within
 
     def estimates(self) -> list[float | None]:
         """ms per sequence by k: measured where this bucket has samples; else the prior's cost at k times this
@@ -198,8 +210,10 @@ class AutoDraftLength:
     hysteresis: float = 0.05
     window: int = 3  # period samples per (bucket, k) whose median is its cost
     acceptance_decay: float = 0.995  # per verified draft run
-    min_samples: int = 3
-    hold: int = 3
+    min_samples: int = 2
+    hold: int = 4
+    settle: int = 2  # periods at a new k that are not samples (the change's own, and one with the drafter warming)
+    fresh_steps: int = 32  # a k's cost measured longer ago than this (bucket steps) is probed before switching to it
     explore_every: int = 128
     first_explore: int = 6
     buckets: dict[int, _Bucket] = field(default_factory=dict)
@@ -218,7 +232,7 @@ class AutoDraftLength:
         b = bucket(batch_size)
         if b not in self.buckets:
             k1 = self.max_k + 1
-            s = self.buckets[b] = _Bucket([None] * k1, [0] * k1, self.max_k)
+            s = self.buckets[b] = _Bucket([None] * k1, [0] * k1, self.max_k, sampled_at=[-1] * k1)
             known = [o for o in self.buckets if o != b and min(self.buckets[o].samples) >= self.min_samples]
             if known:  # start from the nearest measured bucket (the smaller one on a tie: the load is rising)
                 near = self.buckets[min(known, key=lambda o: (abs(o - b), o))]
@@ -238,7 +252,13 @@ class AutoDraftLength:
             if unseen:
                 return self._probe(s, unseen[0])
         costs, expected = s.estimates(), expected_tokens(self.acceptance(), self.max_k)
-        s.current = best_k(costs, expected, s.current, self.hysteresis)
+        best = best_k(costs, expected, s.current, self.hysteresis)
+        if best != s.current and s.samples[best] and not s.fresh(best, self.fresh_steps):
+            # the rival's cost is old (the machine's speed drifts; a slow run of the current k is no news about it):
+            # measure it again before switching, its old samples dropped
+            s.recent.pop(best, None)
+            return self._probe(s, best)
+        s.current = best
         if s.prior is not None and s.steps % self.first_explore == 0:
             # a seeded bucket measures the k it has not measured yet, one probe at a time, best estimate first
             unmeasured = [k for k in range(self.max_k + 1) if not s.samples[k]]
@@ -262,12 +282,17 @@ class AutoDraftLength:
         sample of k's cost; the others are kept in ``history`` only."""
         s = self._bucket(batch_size)
         self.history.append((batch_size, k, ms))
-        if previous_k is not None and previous_k != k:
+        if previous_k is None:  # not known: taken as steady
+            s.run = self.settle + 1
+        else:
+            s.run = s.run + 1 if previous_k == k else 1
+        if s.run <= self.settle:
             return
         recent = s.recent.setdefault(k, deque(maxlen=self.window))
         recent.append(ms / max(batch_size, 1))
         s.ms_per_seq[k] = statistics.median(recent)
         s.samples[k] += 1
+        s.sampled_at[k] = s.steps
 
     def observe_acceptance(self, num_drafts: int, accepted: int) -> None:
         """One verified draft run: ``num_drafts`` proposed, the first ``accepted`` of them accepted."""

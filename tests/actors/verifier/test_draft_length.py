@@ -33,9 +33,9 @@ def test_schedule_is_vllms_lookup_clamped_and_carried():
 
 
 def simulate(policy: dl.AutoDraftLength, batch: int, cost, steps: int, noise: float = 0.0, seed: int = 0,
-             accept=(0.8, 0.6, 0.4)) -> list[int]:
+             accept=(0.8, 0.6, 0.4), trace: list[int] | None = None) -> list[int]:
     """Drive the policy as the proposer does: choose, verify (acceptance), time the step (``cost(batch, k)`` ms per
-    step, times 1 +- noise)."""
+    step, times 1 +- noise). ``trace``: the bucket's ``current`` after each step is appended to it."""
     rng = random.Random(seed)
     ks: list[int] = []
     for _ in range(steps):
@@ -48,6 +48,8 @@ def simulate(policy: dl.AutoDraftLength, batch: int, cost, steps: int, noise: fl
                 a += 1
             policy.observe_acceptance(k, a)
         policy.observe_period(batch, k, cost(batch, k) * (1 + rng.uniform(-noise, noise)), previous_k=previous)
+        if trace is not None:
+            trace.append(policy.buckets[dl.bucket(batch)].current)
     return ks
 
 
@@ -66,19 +68,42 @@ def test_auto_picks_the_best_k_at_each_load():
     assert abs(p.acceptance()[0] - 0.8) < 0.08 and abs(p.acceptance()[2] - 0.4) < 0.1
 
 
+def choices(policy: dl.AutoDraftLength, batch: int, cost, steps: int, noise: float, seed: int) -> list[int]:
+    """The bucket's choice (``current``, probes aside) after each of ``steps`` simulated steps."""
+    trace: list[int] = []
+    simulate(policy, batch, cost, steps, noise=noise, seed=seed, trace=trace)
+    return trace
+
+
 def test_auto_is_stable_under_noise():
     """Two k within a few percent of each other, 10% timing noise: the choice does not flip step to step."""
     def close(batch: int, k: int) -> float:  # E(k)/cost equal within ~2% for k = 2 and 3 at batch 8
         return {0: 30.0, 1: 40.0, 2: 50.0, 3: 57.4}[k]
 
     p = dl.AutoDraftLength(3)
-    ks = simulate(p, 8, close, 1000, noise=0.1, seed=3)
-    settled = [k for i, k in enumerate(ks[100:]) if (i + 101) % p.explore_every not in range(p.hold)]
-    switches = sum(a != b for a, b in zip(settled, settled[1:], strict=False))
-    assert switches <= 4, switches
-    no_hysteresis = dl.AutoDraftLength(3, hysteresis=0.0, window=1)
-    ks = simulate(no_hysteresis, 8, close, 1000, noise=0.1, seed=3)
-    assert sum(a != b for a, b in zip(ks[100:], ks[101:], strict=False)) > 2 * switches  # what hysteresis buys
+    current = choices(p, 8, close, 1000, noise=0.1, seed=3)[100:]
+    switches = sum(a != b for a, b in zip(current, current[1:], strict=False))
+    assert switches <= 6, switches  # one switch per 150 steps at most, between two k whose goodputs are 2% apart
+    no_hysteresis = dl.AutoDraftLength(3, hysteresis=0.0, window=1, fresh_steps=10**9)
+    current = choices(no_hysteresis, 8, close, 1000, noise=0.1, seed=3)[100:]
+    assert sum(a != b for a, b in zip(current, current[1:], strict=False)) > 2 * switches  # what they buy
+
+
+def test_a_slow_run_of_the_current_k_is_checked_against_a_fresh_rival():
+    """k = 3 is best; its steps turn slow for a while (another job on the core), so the old, fast figure of k = 2
+    looks better. ``auto`` measures a rival again before switching to it (a ``hold``-step probe), and so stays at
+    k = 3 instead of drafting a smaller k until the next periodic probe of k = 3 (``explore_every`` steps later)."""
+    def spiky(step: list[int]):
+        def cost_at(batch: int, k: int) -> float:
+            step[0] += 1
+            slow = 1.4 if 300 <= step[0] < 306 else 1.0  # six slow steps, whatever k
+            return {0: 10.0, 1: 11.0, 2: 12.0, 3: 13.0}[k] * slow
+        return cost_at
+
+    ks = simulate(dl.AutoDraftLength(3), 1, spiky([0]), 600)
+    blind = simulate(dl.AutoDraftLength(3, fresh_steps=10**9), 1, spiky([0]), 600)
+    assert ks[300:450].count(3) >= 130, ks[300:450]  # a probe or two, then k = 3 again
+    assert blind[300:450].count(3) < 100, blind[300:450]  # without the check: another k until k = 3 is probed
 
 
 def test_auto_explores_then_follows_a_changed_cost():
@@ -91,20 +116,27 @@ def test_auto_explores_then_follows_a_changed_cost():
     simulate(p, 1, cheap, 100)
     assert p.buckets[dl.bucket(1)].current == 3
     ks = simulate(p, 1, lambda b, k: 9.0 + 40.0 * k, 300)  # drafting became expensive: k = 0 wins
-    assert ks[-20:].count(0) >= 16  # all but the periodic probes (3 steps in 16)
+    assert ks[-20:].count(0) >= 15  # all but the periodic probes (4 steps in 16)
 
 
 def test_auto_samples_steady_periods_only():
     """A period right after a k change also streams the previous step's output (measured at batch 32: the first
-    k = 0 step after k = 3 steps took ~1.6x a steady one), so only a period whose previous step had the same k is a
-    sample of k's cost; the others go to ``history`` only."""
+    k = 0 step after k = 3 steps took ~1.6x a steady one), and the next one after a k = 0 stretch finds the drafter
+    cold (a drafter step after an idle gap costs 1.3-3.9x one run back to back: issue 20's seventh pass), so the
+    first ``settle`` (2) periods at a new k are not samples of its cost; they go to ``history`` only."""
     p = dl.AutoDraftLength(3)
-    p.observe_period(32, 0, 50.0, previous_k=3)
+    p.observe_period(32, 3, 90.0, previous_k=0)
     s = p.buckets[dl.bucket(32)]
-    assert s.samples[0] == 0 and s.ms_per_seq[0] is None and p.history[-1] == (32, 0, 50.0)
+    p.observe_period(32, 3, 70.0, previous_k=3)
+    assert s.samples[3] == 0 and s.ms_per_seq[3] is None and p.history[-1] == (32, 3, 70.0)
+    p.observe_period(32, 3, 40.0, previous_k=3)
+    p.observe_period(32, 3, 42.0, previous_k=3)
+    assert s.samples[3] == 2 and s.ms_per_seq[3] == pytest.approx(41.0 / 32)
+    p.observe_period(32, 0, 50.0, previous_k=3)  # a change: the count starts again
     p.observe_period(32, 0, 20.0, previous_k=0)
-    p.observe_period(32, 0, 22.0, previous_k=0)
-    assert s.samples[0] == 2 and s.ms_per_seq[0] == pytest.approx(21.0 / 32)
+    assert s.samples[0] == 0
+    p.observe_period(32, 0, 20.0, previous_k=0)
+    assert s.samples[0] == 1 and len(p.history) == 7
 
 
 def test_the_proposer_hands_auto_the_previous_steps_k():
@@ -180,14 +212,14 @@ def test_goodput_table_is_what_auto_chooses_by():
 
 def test_a_new_bucket_starts_from_its_measured_neighbour():
     """Batch 16 measured (k = 0 wins there, as at 32): batch 32 starts at k = 0 and measures each other k once (a
-    3-step probe every 6 steps), where a policy that had not measured any bucket explores every k 3 times first."""
+    4-step probe every 6 steps), where a policy that had not measured any bucket explores every k twice first."""
     p = dl.AutoDraftLength(3)
     simulate(p, 16, cost, 200)
     assert p.buckets[dl.bucket(16)].current == 0
     ks = simulate(p, 32, cost, 30)
-    assert ks.count(0) >= 20 and ks[-8:] == [0] * 8 and set(ks) == {0, 1, 2, 3}, ks
+    assert ks.count(0) >= 18 and ks[-8:] == [0] * 8 and set(ks) == {0, 1, 2, 3}, ks
     fresh = simulate(dl.AutoDraftLength(3), 32, cost, 30)
-    assert fresh.count(0) <= 16 and fresh[:15].count(0) == 0 and set(fresh) == {0, 1, 2, 3}, fresh
+    assert fresh.count(0) <= 18 and fresh[:12].count(0) == 0 and set(fresh) == {0, 1, 2, 3}, fresh
     # the unmeasured k take the neighbour's costs, scaled by the one k both measured
     s = dl._Bucket([None, None, None, 4.0], [0, 0, 0, 1], 3, prior=[2.0, 4.0, 6.0, 8.0])
     assert s.estimates() == [1.0, 2.0, 3.0, 4.0]
