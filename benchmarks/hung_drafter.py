@@ -28,7 +28,7 @@ longest gap between two chunks of any stream (the stall), the verifier's deadlin
 verifier's draft client (drafter dropped, sequences re-homed, drafter readmitted), and the acceptance length
 (``vllm:spec_decode_*``) before, during and after the stop. Hardware: the verifier, both drafters and this
 client share this machine's cores. Every scenario with drafters drafts k = ``num_speculative_tokens`` at every step
-(``EVERY_STEP_DRAFTS``), not the shipped ``auto``, which may draft nothing at 32 streams on a CPU.
+(``EVERY_STEP_DRAFTS``), never ``auto``, which may draft nothing at 32 streams on a CPU.
 """
 
 from __future__ import annotations

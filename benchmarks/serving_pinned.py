@@ -14,10 +14,10 @@ it call the replica over gRPC (``RAY_SERVE_PROXY_USE_GRPC=1``) instead of by Obj
 ``verifier.engine_spin_s: null`` (vLLM's own 1 s busy loop, not the shipped 5 ms: ``actors.engine_spin``). vLLM's
 OpenMP threads: ``VLLM_CPU_OMP_THREADS_BIND=0`` and ``OMP_NUM_THREADS=1`` in every mode when strict.
 
-The draft length (issue 23): cluster modes run the shipped default (``num_speculative_tokens_per_batch_size: auto``,
-k per step); ``*-auto`` sets it explicitly, ``*-sched`` the fixed schedule ``SCHEDULE`` through the same key,
-``*-k3`` removes the key (k = 3 at every step, vLLM's meaning). Each cluster row also reports the chosen k per step
-(``eagle_cluster_speculative_tokens`` from ``/metrics``, steps per k over the run).
+The draft length (issue 23): cluster modes run the shipped default (k = 3 at every step); ``*-auto`` sets
+``num_speculative_tokens_per_batch_size: auto``, ``*-sched`` the fixed schedule ``SCHEDULE`` through the same key,
+``*-k3`` removes the key (k = 3 at every step, whatever the shipped YAML says). Each cluster row also reports the
+chosen k per step (``eagle_cluster_speculative_tokens`` from ``/metrics``, steps per k over the run).
 
 Each concurrency c runs ``max(--num-prompts, c)`` prompts (cycled from the shipped set), so c streams are open at
 once. For each mode and concurrency: the seed-style report (``benchmarks.serving``), then CPU milliseconds per output
