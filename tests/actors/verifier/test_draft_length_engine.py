@@ -61,7 +61,8 @@ def test_greedy_exact_with_a_schedule_and_with_auto(ray_cluster):
     tokens, vllm_stats, stats, _ = run_with(prompts, params, "auto", "drafter-auto")
     assert tokens == reference
     assert sum(stats.speculative_tokens) > 0 and vllm_stats.num_drafts > 0, stats.speculative_tokens
-    assert stats.estimated_goodput > 0
+    # auto's estimates were fed (the last step's own may be of a k its bucket has not sampled yet: 0)
+    assert any(v for row in stats.goodput_by_k.values() for v in row), stats.goodput_by_k
 
 
 def test_sampling_matches_target_only_distribution_with_auto(ray_cluster):
