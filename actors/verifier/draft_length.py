@@ -44,12 +44,12 @@ arguments move to ``additional_config["eagle_cluster"]["draft_length"]``, see ``
   probed, and this machine's speed drifts by 25% within minutes, so when a slow run of the current k makes a
   rival measured long ago (over ``fresh_steps``, 32 steps) look better, the rival is probed first (its old
   samples dropped) and the two compared as they are now. Without that, one slow run of k = 3 can move a batch of
-  1 to k = 2 until the next periodic probe of k = 3, hundreds of steps later (the likely cause of 28% of one c = 1
-  run's steps at k = 2, where k = 3's estimated goodput was 1.5x k = 2's). Exploration is deterministic: in a
-  bucket with nothing to start from, a k with fewer than ``min_samples`` period samples is tried for ``hold``
-  consecutive steps (K first, down to 0); and every ``explore_every`` steps a bucket tries the next of the k
-  values not in use (each in turn, K down to 0) for ``hold`` steps, so their estimates stay fresh when the load
-  changes.
+  1 to k = 2 until the next periodic probe of k = 3, hundreds of steps later (a test shows it; in service it did
+  not remove the k = 2 spells of a c = 1 run: ``docs/BENCHMARKS.md``, issue 23's fifth pass). Exploration is
+  deterministic: in a bucket with nothing to start from, a k with fewer than ``min_samples`` period samples is
+  tried for ``hold`` consecutive steps (K first, down to 0); and every ``explore_every`` steps a bucket tries the
+  next of the k values not in use (each in turn, K down to 0) for ``hold`` steps, so their estimates stay fresh
+  when the load changes.
 
 Worked example (also a test, ``tests/actors/verifier/test_draft_length.py``): K = 3, acceptance p = [0.8, 0.6, 0.4], so
 E = [1, 1.8, 2.4, 2.8] for k = 0..3. At a batch of 1 the step costs [10, 11, 12, 13] ms per sequence: goodput
