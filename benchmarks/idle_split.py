@@ -42,7 +42,7 @@ def idle_rates(root_pid: int, window_s: float) -> list[tuple[str, str, float]]:
     return sorted(rows, key=lambda r: -r[2])
 
 
-def measure(name: str, cmd: list[str], base: str, settle_s: float, window_s: float, log: Path
+def measure(cmd: list[str], base: str, settle_s: float, window_s: float, log: Path
             ) -> list[tuple[str, str, float]]:
     proc = start(cmd, env={"VLLM_CPU_KVCACHE_SPACE": "1"}, log=log)  # as benchmarks.serving_pinned: 1 GiB of KV
     try:
@@ -83,7 +83,7 @@ def main() -> None:
     summary = {}
     for name in args.servers:
         cmd, base = (serve_command(CPU_YAML), HTTP) if name == "cluster" else vllm_server("eagle3")
-        rows = measure(name, cmd, base, args.settle_s, args.window_s, out / f"{name}.log")
+        rows = measure(cmd, base, args.settle_s, args.window_s, out / f"{name}.log")
         summary[name] = {"groups": report(name, rows), "processes": rows}
     (out / "idle.json").write_text(json.dumps(summary, indent=2))
 

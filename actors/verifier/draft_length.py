@@ -182,6 +182,9 @@ class _Bucket:
     sampled_at: list[int] = field(default_factory=list)  # [K + 1] ``steps`` at k's last sample (-1: never)
     run: int = 0  # consecutive periods at the k of the last one observed (1: the first after a change or a break)
 
+    def __post_init__(self) -> None:
+        self.sampled_at = self.sampled_at or [-1] * len(self.ms_per_seq)
+
     def fresh(self, k: int, within: int) -> bool:
         """k's cost was sampled in the last ``within`` steps of this bucket."""
         return self.sampled_at[k] >= 0 and self.steps - self.sampled_at[k] <= within
@@ -232,7 +235,7 @@ class AutoDraftLength:
         b = bucket(batch_size)
         if b not in self.buckets:
             k1 = self.max_k + 1
-            s = self.buckets[b] = _Bucket([None] * k1, [0] * k1, self.max_k, sampled_at=[-1] * k1)
+            s = self.buckets[b] = _Bucket([None] * k1, [0] * k1, self.max_k)
             known = [o for o in self.buckets if o != b and min(self.buckets[o].samples) >= self.min_samples]
             if known:  # start from the nearest measured bucket (the smaller one on a tie: the load is rising)
                 near = self.buckets[min(known, key=lambda o: (abs(o - b), o))]

@@ -52,7 +52,7 @@ def reference() -> dict[str, list[int]]:
 
 @pytest.fixture(scope="module")
 def full_doc(tmp_path_factory) -> dict:
-    # Drafts at every step (not the shipped ``auto``): a hung drafter must be met by the steps under load.
+    # Drafts at every step, never ``auto``, whatever the shipped YAML says: a hung drafter must be met under load.
     path = cpu_yaml(tmp_path_factory.mktemp("outage") / "full.yaml", speculative_config=EVERY_STEP_DRAFTS)
     return deploy_yaml.load(path)
 
