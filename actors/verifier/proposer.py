@@ -69,8 +69,7 @@ class _InFlight(NamedTuple):
     """A step ``propose`` sent to the drafters, until ``collect_drafts`` reads its drafts."""
 
     run: StepInFlight  # the client's
-    step: DraftStep  # one SeqSlice per sequence of the runner's batch, in its order
-    k_step: int  # draft tokens per sequence this step (the draft-length policy's choice, <= k)
+    step: DraftStep  # one SeqSlice per sequence of the runner's batch, in its order; its k is this step's (<= vLLM's)
     device: torch.device  # the verifier's, where the drafts go
     propose_ms: float  # the time propose() took
 
@@ -368,7 +367,10 @@ class RemoteEagleProposer(EagleProposer):
         rows_dev = rows.to(target_token_ids.device)
         input_ids = step_input_ids(target_token_ids, next_token_ids[:batch_size], qsl, last, rows_dev)
         hidden = target_hidden_states[rows_dev]
-        step = DraftStep(self.state.steps, k, seqs, input_ids, finished)
+        if k_step < k:  # the drafter drafts k_step tokens, not k; acceptance is counted over those
+            for s in seqs:
+                self.limit_drafts(s.req_id, k_step)
+        step = DraftStep(self.state.steps, k_step, seqs, input_ids, finished)
         self.prompts.attach(step, getattr(self.runner, "requests", {}))  # prefix caching: first steps carry prompts
         self._attach_images(step, mm_embed_inputs, rows, int(qsl[-1]), token_indices_to_sample is not None,
                             hidden.dtype)
@@ -378,11 +380,11 @@ class RemoteEagleProposer(EagleProposer):
         except Exception as e:
             self._step_failed(step, e)
             return placeholder
-        self._in_flight = _InFlight(run, step, k_step, placeholder.device,
+        self._in_flight = _InFlight(run, step, placeholder.device,
                                     (time.perf_counter() - start) * 1e3)
         return placeholder
 
-    def collect_drafts(self) -> torch.Tensor | None:  # [batch_size, k]
+    def collect_drafts(self) -> torch.Tensor | None:  # [batch_size, k_step]
         """The drafts of the step ``propose`` sent, waited for now: the worker's ``take_draft_token_ids``, which
         vLLM's engine core calls after it has sent the step's tokens to the clients (``post_step``), so the
         drafter drafts while the verifier's outputs travel. None when this step shipped nothing (a target-only
@@ -397,9 +399,6 @@ class RemoteEagleProposer(EagleProposer):
             return None
         drafts, timing = answer
         step = flight.step
-        if flight.k_step < step.num_speculative_tokens:
-            for s in step.seqs:
-                self.limit_drafts(s.req_id, flight.k_step)
         self.state.timings.append(
             StepTiming(len(step.seqs), len(step.input_ids), flight.propose_ms + ms_since(start, self.device),
                        timing.ship_ms, timing.wait_ms, timing.compute_ms, timing.all_hits)

@@ -17,7 +17,8 @@ from actors.metrics import ProposerStats
 from actors.verifier.client import BatchTiming, DraftReply, Undrafted
 from actors.verifier.proposer import RemoteEagleProposer, SentDrafts
 from actors.verifier.worker import RemoteDraftWorker
-from tests.actors.fake_proposer import InstantClient, K, proposer, run_step
+from actors.verifier.draft_length import build_draft_length
+from tests.actors.fake_proposer import InstantClient, K, proposer, run_step, send_step
 
 
 def scheduled(p: RemoteEagleProposer, req_ids: list[str]) -> list[list[int]]:
@@ -96,6 +97,22 @@ def test_limit_drafts_cuts_to_any_length():
     assert scheduled(p, ["a", "b"]) == [[7], [7, 7]] and p.state.pending["a"].num_drafts == 1
     p.draft_lengths = {}  # the worker's next execute_model: a new step
     assert scheduled(p, ["a", "b"]) == [[7, 7], [7, 7]]
+
+
+def test_a_step_with_fewer_drafts_asks_the_drafter_for_that_many():
+    """A draft length below K for a step (``num_speculative_tokens_per_batch_size``, or ``auto``): the step the
+    drafter gets carries it, so the drafter runs that many passes, not K; vLLM is scheduled that many; acceptance is
+    counted over that many."""
+    p = proposer()
+    p.state.speculative_tokens = [0] * (K + 1)
+    p.draft_length = build_draft_length([[1, 1, K], [2, 8, 1]], max_k=K, max_num_seqs=8)
+    send_step(p, [("a", 0, 3), ("b", 0, 3)])  # a batch of 2: k = 1
+    assert p.client.steps[-1].num_speculative_tokens == 1
+    assert scheduled(p, ["a", "b"]) == [[7], [7]]  # the drafter's [2, 1] answer, read by the worker
+    assert p.state.pending["a"].num_drafts == 1
+    send_step(p, [("a", 3, 2)])  # a batch of 1: k = K
+    assert p.client.steps[-1].num_speculative_tokens == K and scheduled(p, ["a"]) == [[7] * K]
+    assert p.state.speculative_tokens == [0, 1, 1]
 
 
 def test_counters_on_metrics():
