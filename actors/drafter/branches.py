@@ -50,14 +50,16 @@ class BranchConfig:
         if self.max_branch_rows is not None and self.max_branch_rows < 0:
             raise ValueError(f"branches: max_branch_rows >= 0, got {self.max_branch_rows}")
 
-    def branches_per_sequence(self, k: int, batch_size: int = 1) -> int:
+    def branches_per_sequence(self, k: int, batch_size: int = 1, budget: int | None = None) -> int:
         """Fan-out that adapts to load: the configured guesses per sequence, fewer as the batch grows so that a
-        step drafts at most ``max_branch_rows`` branches, and none once the batch alone exceeds it (the
-        drafter then drafts on demand, as synchronous drafting does)."""
+        step drafts at most ``max_branch_rows`` branches (and at most ``budget``, the rows the drafter's spare time
+        holds: ``actors.drafter.branch_budget``), and none once the batch alone exceeds that (the drafter then
+        drafts on demand, as synchronous drafting does)."""
         full = self.bonus_fanout + k * self.recovered_fanout
-        if self.max_branch_rows is None:
+        caps = [c for c in (self.max_branch_rows, budget) if c is not None]
+        if not caps:
             return full
-        return min(full, self.max_branch_rows // max(batch_size, 1))
+        return min(full, min(caps) // max(batch_size, 1))
 
 
 def guesses(

@@ -37,6 +37,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from actors.drafter.branch_budget import BranchBudget
 from actors.drafter.branches import BranchAttention, BranchEntry, guesses
 from actors.drafter.config import DrafterEngineConfig
 from actors.drafter.kv_cache import DraftKVCache, consecutive, device_budget_gib
@@ -322,6 +323,8 @@ class DrafterEngine:
         self._prefix_unreported = [0, 0]  # (hit, miss) since the last DraftResult
         self.chunks = {i: layer.self_attn.chunk_size for i, layer in enumerate(head.layers)}
         self.branch_config = config.branches
+        # the rows after_step may draft, following the drafter's spare time (pipelined drafting only)
+        self.branch_budget = BranchBudget(config.branches.max_branch_rows if config.branches else None)
         self.branch_table: dict[str, BranchEntry] = {}
         self.idle_slot_ttl_s, self.clock = config.idle_slot_ttl_s, clock
         self.evicted = 0  # sequences whose slot was reclaimed for idleness
@@ -538,7 +541,7 @@ class DrafterEngine:
         rows: list[tuple[_Chain, torch.Tensor, torch.Tensor, int]] = []  # (chain, outcome a, guess y, n)
         for chain in chains:
             s = len(chain.tokens)
-            n = self.branch_config.branches_per_sequence(s, num_seqs)
+            n = self.branch_config.branches_per_sequence(s, num_seqs, self.branch_budget.rows)
             if n == 0:
                 for rid in chain.req_ids:
                     self.branch_table.pop(rid, None)
@@ -640,6 +643,7 @@ class DrafterEngine:
         step's branches for every sequence of the step. Returns those sequences' new branch entries."""
         if self._pending is None:
             return {}
+        start = time.perf_counter()
         p, self._pending = self._pending, None
         chains = list(p.chains)
         if p.fold is not None:
@@ -650,12 +654,16 @@ class DrafterEngine:
         if p.context is not None:
             chain, _ = self._context(p.context.step, p.context.hidden)  # s = 0: nothing was served
             chains.append(chain)
-        return self._branches(chains, p.k)
+        made = self._branches(chains, p.k)
+        rows = sum(len(entry.drafts) for entry in made.values())
+        self.branch_budget.branches_done(time.perf_counter(), ms_since(start, self.device), rows)
+        return made
 
     def draft(self, step: DraftStep, hidden: np.ndarray, precompute: bool = True) -> DraftResult:
         """``draft_tensors`` for a step and its hidden states as they came over the wire (checked first:
         ``DraftStep.check_hidden``)."""
         start = time.perf_counter()
+        self.branch_budget.step_arrived(start, len(step.seqs))
         step.check_hidden(hidden)
         p = self.draft_tensors(step, decode_hidden(hidden, step.hidden_dtype), precompute)
         hit, miss = self.take_prefix_counts()
