@@ -15,9 +15,9 @@ from vllm.v1.outputs import DraftTokenIds
 from actors.messages import DraftStatus, DraftStep
 from actors.metrics import ProposerStats
 from actors.verifier.client import BatchTiming, DraftReply, Undrafted
+from actors.verifier.draft_length import build_draft_length
 from actors.verifier.proposer import RemoteEagleProposer, SentDrafts
 from actors.verifier.worker import RemoteDraftWorker
-from actors.verifier.draft_length import build_draft_length
 from tests.actors.fake_proposer import InstantClient, K, proposer, run_step, send_step
 
 
