@@ -18,38 +18,38 @@ arguments move to ``additional_config["eagle_cluster"]["draft_length"]``, see ``
     accepted, among runs that proposed at least ``i + 1`` drafts (exponentially decayed counts, global). A
     sequence drafting k tokens then yields ``E(k) = 1 + p[0] + ... + p[k-1]`` tokens per step (the bonus or
     recovered token plus the accepted drafts).
-  * step cost: per batch-size bucket (1, 2, 3-4, 5-8, 9-16, ...; ``bucket``) and per k, the median of the last
-    ``window`` (3) step periods divided by B (``ms_per_seq``), measured from one ``propose`` call to the next:
-    that interval holds the drafting of step t (with k_t) and the target forward that verifies its k_t drafts,
-    so it depends on k_t, and also on k_{t-1}: the same interval streams the tokens of step t, which verified
-    step t-1's k_{t-1} drafts (1 + accepted tokens per sequence to detokenize and send). So only *steady* periods
-    are sampled: the first ``settle`` (2) periods at a new k are not (measured: at batch 32 the first k = 0 step
-    after k = 3 steps took ~1.6x a steady one; and the first k > 0 steps after a k = 0 stretch find the drafter
-    cold, whose step after an idle gap costs 1.3-3.9x one run back to back); steps with prompt rows, idle gaps and
-    bucket changes are not sampled either. A median of a few recent samples, not a long average: one probe of a k
-    not in use (``hold`` = 4 steps, 2 steady samples) replaces what was measured of it long ago (at a server's
-    start everything is slow), and one slow step (a pause) does not move it.
-  * goodput(k) = B * E(k) / (B * ms_per_seq(k)) per millisecond; the chosen k is the argmax.
-
-  * a new bucket starts from the nearest bucket that measured every k: for a k it has not measured yet, its
-    cost is that bucket's cost at k scaled by the ratio of the two buckets' costs at a k both measured
-    (``_Bucket.estimates``). So a load seen for the first time is served at once at the k those relative costs
-    pick, and it measures each other k once, one ``hold``-step probe every ``first_explore`` (6) steps, best
-    estimate first (a neighbour measured while the server warmed up can be far off). Only the first bucket of a
-    server's life explores every k ``min_samples`` (2) times before choosing (about 16 steps: one probe each).
+  * step cost, per batch-size bucket (1, 2, 3-4, 5-8, 9-16, ...; ``bucket``): a step's *period* runs from one
+    ``propose`` call to the next, so it holds the drafting of the step and the target forward that verifies it.
+    Each bucket drafts one k (``current``) and measures the others *against it*: ``rel[k]``, the cost of a step
+    drafting k over the cost of one drafting ``current``. A *probe* drafts k for ``hold`` (5) steps; its ratio is
+    the median of its periods over the median of the current k's last 8 periods, taken just before it. Ratios, not
+    costs, because this machine's speed drifts by 25% within minutes and everything is slow while a server warms
+    up: a probe and the periods it is compared with are measured side by side, so drift cancels. A k's ratio is
+    the mean of its last ``max_probes`` (4) probes, replaced outright when a probe differs by over ``changed``
+    (1.5x, either way: the cost changed). Only *steady* periods are samples: not the first ``settle`` (2) at a new
+    k (the first k = 0 step after k = 3 steps took ~1.6x a steady one at batch 32: it still streams the tokens the
+    k = 3 step verified; the first k > 0 steps after a k = 0 stretch find the drafter cold, 1.3-3.9x), nor steps
+    with prompt rows, idle gaps or bucket changes.
+  * the k >= 1 ratios lie on a line (``_Bucket.fitted``): measured held (issue 23, ``docs/BENCHMARKS.md``), a step
+    that drafts at all costs much more than one that does not (the ship, the wait, the drafter's context pass),
+    and each further draft little. So one noisy probe of k = 2 does not move k = 2 alone; the line pools them.
+  * goodput(k) = E(k) / rel(k), relative to the current k's; the chosen k is the argmax.
+  * a new bucket starts from the nearest bucket that measured every k: its ratios, and the k they pick. It probes
+    at once the k whose estimate is within ``close`` (0.8x) of the best, and the others only periodically: a load
+    seen for the first time is served at once at a k measured nearby.
 
   Stability: a bucket keeps its current k unless another k's estimated goodput beats it by more than
-  ``hysteresis`` (5%), on top of the medians, so noise between two close k values does not make it switch step
-  to step. And it switches only on fresh evidence: the current k is measured at every step, the others only when
-  probed, and this machine's speed drifts by 25% within minutes, so when a slow run of the current k makes a
-  rival measured long ago (over ``fresh_steps``, 32 steps) look better, the rival is probed first (its old
-  samples dropped) and the two compared as they are now. Without that, one slow run of k = 3 can move a batch of
-  1 to k = 2 until the next periodic probe of k = 3, hundreds of steps later (a test shows it; in service it did
-  not remove the k = 2 spells of a c = 1 run: ``docs/BENCHMARKS.md``, issue 23's fifth pass). Exploration is
-  deterministic: in a bucket with nothing to start from, a k with fewer than ``min_samples`` period samples is
-  tried for ``hold`` consecutive steps (K first, down to 0); and every ``explore_every`` steps a bucket tries the
-  next of the k values not in use (each in turn, K down to 0) for ``hold`` steps, so their estimates stay fresh
-  when the load changes.
+  ``hysteresis`` (5%). And it switches only on fresh, repeated evidence: a rival needs ``confirm`` (2) probes, the
+  last within ``fresh_steps`` (32) steps; a rival measured longer ago is measured afresh (``confirm`` probes,
+  its old ratio dropped) before the switch. Exploration is deterministic: a bucket with nothing to start from
+  measures the current k (K), then probes every other k, K - 1 down to 0; and every ``explore_every`` (64) steps
+  it probes a k not in use, so their ratios stay fresh: the runner-up every other time (the k a noisy ratio would
+  switch to, or has switched from), else the next of the others in turn (K down to 0).
+
+  Simulated against the per-k costs measured held on this machine (``python -m benchmarks.draft_length_sim``: 25%
+  log-normal noise per step, 3% pauses of 2.5x, a slow 25% drift), this rule reaches 0.98 / 0.99 / 0.95x the best
+  fixed k's tokens per second at batch 1 / 4 / 8, where the rule it replaced (each k's own cost, the median of its
+  last 3 periods) reached 0.94 / 0.96 / 0.92x.
 
 Worked example (also a test, ``tests/actors/verifier/test_draft_length.py``): K = 3, acceptance p = [0.8, 0.6, 0.4], so
 E = [1, 1.8, 2.4, 2.8] for k = 0..3. At a batch of 1 the step costs [10, 11, 12, 13] ms per sequence: goodput
@@ -170,39 +170,50 @@ class ScheduledDraftLength(FixedDraftLength):
 
 @dataclass
 class _Bucket:
-    ms_per_seq: list[float | None]  # [K + 1] median of the recent step periods / B, per k
-    samples: list[int]  # [K + 1]
+    """What ``auto`` knows of one batch-size bucket: the k it drafts (``current``), that k's recent cost, and every
+    k's cost *relative to it* (``rel``), measured by probes."""
+
     current: int
+    rel: list[float | None]  # [K + 1] cost(k) / cost(current) per step of this bucket; rel[current] == 1
+    probes: list[int]  # [K + 1] probes behind rel[k] (capped at ``max_probes``: a moving average)
+    probed_at: list[int]  # [K + 1] ``steps`` at k's last probe
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=8))  # current k's last steady periods / B
+    probe_k: int = -1  # the k being probed (-1: none)
+    probe_left: int = 0  # steps of the probe still to choose
+    probe_samples: list[float] = field(default_factory=list)  # the probe's steady periods / B
     steps: int = 0
-    probe_k: int = 0
-    probe_left: int = 0
-    probe_next: int = 0  # the periodic probes go through the k values in turn: the next one to try
-    prior: list[float | None] | None = None  # [K + 1] the nearest measured bucket's ms_per_seq when this one began
-    recent: dict[int, deque[float]] = field(default_factory=dict)  # k -> its last periods / B (ms_per_seq: median)
-    sampled_at: list[int] = field(default_factory=list)  # [K + 1] ``steps`` at k's last sample (-1: never)
     run: int = 0  # consecutive periods at the k of the last one observed (1: the first after a change or a break)
+    probe_next: int = 0  # the periodic probes go through the k values in turn: the next one to try
 
-    def __post_init__(self) -> None:
-        self.sampled_at = self.sampled_at or [-1] * len(self.ms_per_seq)
+    @classmethod
+    def start(cls, max_k: int, current: int, rel: list[float | None] | None = None) -> _Bucket:
+        k1 = max_k + 1
+        rel = list(rel) if rel is not None else [None] * k1
+        rel[current] = 1.0
+        probes = [0] * k1  # a neighbour's ratios (``rel``) are no probes of this bucket: each is probed in turn
+        probes[current] = 1
+        return cls(current, rel, probes, [-(10**9)] * k1)
 
-    def fresh(self, k: int, within: int) -> bool:
-        """k's cost was sampled in the last ``within`` steps of this bucket."""
-        return self.sampled_at[k] >= 0 and self.steps - self.sampled_at[k] <= within
+    def cost(self) -> float | None:
+        """The current k's cost, ms per sequence per step: the median of its recent steady periods."""
+        return statistics.median(self.recent) if self.recent else None
 
-    def estimates(self) -> list[float | None]:
-        """ms per sequence by k: measured where this bucket has samples; else the prior's cost at k times this
-        bucket's / the prior's cost at the k measured most here. Worked example: prior [2, 4, 6, 8], measured
-        [None, None, None, 4.0] (k = 3 only): [1.0, 2.0, 3.0, 4.0]."""
-        own = self.ms_per_seq
-        if self.prior is None:
-            return list(own)
-        measured = [k for k in range(len(own)) if self.samples[k] and own[k] and self.prior[k]]
-        scale = 1.0
-        if measured:
-            ref = max(measured, key=lambda k: self.samples[k])
-            scale = own[ref] / self.prior[ref]
-        return [own[k] if self.samples[k] else (None if self.prior[k] is None else self.prior[k] * scale)
-                for k in range(len(own))]
+    def fitted(self) -> list[float | None]:
+        """``rel`` with k >= 1 on a line (a fixed cost to draft at all plus a cost per draft, slope >= 0), fitted by
+        least squares weighted by each ratio's probes (a neighbour's ratio, not probed here, by 1; the current k's
+        ratio, exact, by 16). Worked example:
+        current k = 3, rel [0.5, 0.8, 1.05, 1.0] from [2, 2, 2, -] probes: the k >= 1 points (1, 0.8) w 2, (2, 1.05)
+        w 2, (3, 1.0) w 16 fit 0.79 + 0.07 k, so [0.5, 0.86, 0.93, 1.01]: k = 2's one high ratio is mostly noise.
+        A falling line is flattened (slope 0): drafting more never costs less."""
+        pts = [(k, r, 16 if k == self.current else max(self.probes[k], 1)) for k, r in enumerate(self.rel)
+               if k >= 1 and r is not None]
+        if len(pts) < 2:
+            return list(self.rel)
+        w = sum(p[2] for p in pts)
+        mk, mr = sum(k * n for k, _, n in pts) / w, sum(r * n for _, r, n in pts) / w
+        var = sum(n * (k - mk) ** 2 for k, _, n in pts)
+        slope = max(0.0, sum(n * (k - mk) * (r - mr) for k, r, n in pts) / var)
+        return [r if k == 0 or r is None else mr + slope * (k - mk) for k, r in enumerate(self.rel)]
 
 
 @dataclass
@@ -211,14 +222,15 @@ class AutoDraftLength:
 
     max_k: int
     hysteresis: float = 0.05
-    window: int = 3  # period samples per (bucket, k) whose median is its cost
-    acceptance_decay: float = 0.995  # per verified draft run
-    min_samples: int = 2
-    hold: int = 4
+    hold: int = 5  # steps of a probe (the first `settle` are not samples: 3 samples, a median robust to one pause)
     settle: int = 2  # periods at a new k that are not samples (the change's own, and one with the drafter warming)
-    fresh_steps: int = 32  # a k's cost measured longer ago than this (bucket steps) is probed before switching to it
-    explore_every: int = 128
-    first_explore: int = 6
+    changed: float = 1.5  # a probe's ratio this far (either way) from the mean replaces it: the cost changed
+    max_probes: int = 4  # a k's ratio is the mean of its last this many probes (a moving average beyond)
+    confirm: int = 2  # probes behind a rival's ratio before switching to it
+    fresh_steps: int = 32  # ... the last of them within this many bucket steps, else it is probed again first
+    close: float = 0.8  # a new bucket probes the k its neighbour's ratios put within this of the best (the rest later)
+    explore_every: int = 64  # steps between the periodic probes of the k not in use (each in turn, K down to 0)
+    acceptance_decay: float = 0.995  # per verified draft run
     buckets: dict[int, _Bucket] = field(default_factory=dict)
     history: deque[tuple[int, int, float]] = field(default_factory=lambda: deque(maxlen=4096))  # (B, k, period ms)
     proposed: list[float] = field(default_factory=list)  # [K] decayed draft runs that proposed position i
@@ -234,14 +246,14 @@ class AutoDraftLength:
     def _bucket(self, batch_size: int) -> _Bucket:
         b = bucket(batch_size)
         if b not in self.buckets:
-            k1 = self.max_k + 1
-            s = self.buckets[b] = _Bucket([None] * k1, [0] * k1, self.max_k)
-            known = [o for o in self.buckets if o != b and min(self.buckets[o].samples) >= self.min_samples]
+            known = [o for o in self.buckets if None not in self.buckets[o].rel]
             if known:  # start from the nearest measured bucket (the smaller one on a tie: the load is rising)
                 near = self.buckets[min(known, key=lambda o: (abs(o - b), o))]
-                s.prior = near.estimates()
-                s.current = best_k(s.prior, expected_tokens(self.acceptance(), self.max_k), near.current,
-                                   self.hysteresis)
+                rel = near.fitted()
+                k = best_k(rel, expected_tokens(self.acceptance(), self.max_k), near.current, self.hysteresis)
+                self.buckets[b] = _Bucket.start(self.max_k, k, [r / rel[k] for r in rel])  # type: ignore[operator]
+            else:
+                self.buckets[b] = _Bucket.start(self.max_k, self.max_k)
         return self.buckets[b]
 
     def choose(self, batch_size: int) -> int:
@@ -250,39 +262,66 @@ class AutoDraftLength:
         if s.probe_left > 0:
             s.probe_left -= 1
             return s.probe_k
-        if s.prior is None:
-            unseen = [k for k in range(self.max_k, -1, -1) if s.samples[k] < self.min_samples]
-            if unseen:
-                return self._probe(s, unseen[0])
-        costs, expected = s.estimates(), expected_tokens(self.acceptance(), self.max_k)
-        best = best_k(costs, expected, s.current, self.hysteresis)
-        if best != s.current and s.samples[best] and not s.fresh(best, self.fresh_steps):
-            # the rival's cost is old (the machine's speed drifts; a slow run of the current k is no news about it):
-            # measure it again before switching, its old samples dropped
-            s.recent.pop(best, None)
-            return self._probe(s, best)
-        s.current = best
-        if s.prior is not None and s.steps % self.first_explore == 0:
-            # a seeded bucket measures the k it has not measured yet, one probe at a time, best estimate first
-            unmeasured = [k for k in range(self.max_k + 1) if not s.samples[k]]
-            if unmeasured:
-                gp = [e / c if c else 0.0 for e, c in zip(expected, costs, strict=True)]
-                return self._probe(s, max(unmeasured, key=lambda k: gp[k]))
-        if s.steps % self.explore_every == 0 and self.max_k > 0:
+        if s.probe_k >= 0:
+            self._end_probe(s)
+        if len(s.recent) < 2 or self.max_k == 0:  # the current k's cost is what every ratio is measured against
+            return s.current
+        unknown = [k for k in range(self.max_k, -1, -1) if s.rel[k] is None]
+        if unknown:  # a bucket with nothing to start from measures every k first, K down to 0
+            return self._probe(s, unknown[0])
+        rel, expected = s.fitted(), expected_tokens(self.acceptance(), self.max_k)
+        gp = [e / r for e, r in zip(expected, rel, strict=True)]  # type: ignore[operator]
+        close = [k for k in range(self.max_k + 1) if not s.probes[k] and gp[k] >= self.close * max(gp)]
+        if close:  # a bucket started from a neighbour's ratios measures the k they put close to the best, best first
+            return self._probe(s, max(close, key=lambda k: gp[k]))
+        best = best_k(rel, expected, s.current, self.hysteresis)
+        if best != s.current:
+            if s.steps - s.probed_at[best] > self.fresh_steps:
+                s.probes[best] = 0  # measured long ago: measured afresh (``confirm`` probes) before a switch
+            if s.probes[best] < self.confirm:
+                return self._probe(s, best)
+            self._switch(s, best)
+        if s.steps % self.explore_every == 0:
+            # every other periodic probe measures the runner-up (the k that a noisy ratio would switch to, or from),
+            # the rest go through the other k values in turn
             others = [k for k in range(self.max_k, -1, -1) if k != s.current]
-            nxt = others[s.probe_next % len(others)]
             s.probe_next += 1
-            return self._probe(s, nxt)
+            if s.probe_next % 2:
+                return self._probe(s, max(others, key=lambda k: gp[k]))
+            return self._probe(s, others[(s.probe_next // 2 - 1) % len(others)])
         return s.current
 
     def _probe(self, s: _Bucket, k: int) -> int:
-        s.probe_k, s.probe_left = k, self.hold - 1
+        s.probe_k, s.probe_left, s.probe_samples = k, self.hold - 1, []
         return k
+
+    def _end_probe(self, s: _Bucket) -> None:
+        """The probe's ratio: the median of its steady periods over the current k's recent median, just before it."""
+        k, s.probe_k = s.probe_k, -1
+        cost = s.cost()
+        if not s.probe_samples or not cost:
+            return
+        ratio = statistics.median(s.probe_samples) / cost
+        n = min(s.probes[k], self.max_probes - 1)
+        if n == 0 or not 1 / self.changed < ratio / s.rel[k] < self.changed:  # type: ignore[operator]
+            s.rel[k], s.probes[k] = ratio, 0  # nothing, a neighbour's or a stale figure, or the cost changed: replaced
+        else:
+            s.rel[k] = (s.rel[k] * n + ratio) / (n + 1)  # type: ignore[operator]
+        s.probes[k] += 1
+        s.probed_at[k] = s.steps
+
+    def _switch(self, s: _Bucket, k: int) -> None:
+        """Make k the current k: every ratio is now relative to it; its cost is measured afresh."""
+        r = s.rel[k]
+        s.rel = [None if x is None else x / r for x in s.rel]  # type: ignore[operator]
+        s.probes[s.current], s.probed_at[s.current] = max(s.probes[s.current], self.confirm), s.steps
+        s.current = k
+        s.recent.clear()
 
     def observe_period(self, batch_size: int, k: int, ms: float, previous_k: int | None = None) -> None:
         """One step's period (``ms``, from its ``propose`` to the next) at this batch size, drafting k, after a step
-        that drafted ``previous_k`` (None: not known, taken as k). Only a steady period (``previous_k == k``) is a
-        sample of k's cost; the others are kept in ``history`` only."""
+        that drafted ``previous_k`` (None: not known, taken as k). Only a steady period (``previous_k == k``, past
+        the first ``settle``) is a sample: of the current k's cost, or of the probed k's; all go to ``history``."""
         s = self._bucket(batch_size)
         self.history.append((batch_size, k, ms))
         if previous_k is None:  # not known: taken as steady
@@ -291,11 +330,11 @@ class AutoDraftLength:
             s.run = s.run + 1 if previous_k == k else 1
         if s.run <= self.settle:
             return
-        recent = s.recent.setdefault(k, deque(maxlen=self.window))
-        recent.append(ms / max(batch_size, 1))
-        s.ms_per_seq[k] = statistics.median(recent)
-        s.samples[k] += 1
-        s.sampled_at[k] = s.steps
+        per_seq = ms / max(batch_size, 1)
+        if s.probe_k >= 0 and k == s.probe_k:
+            s.probe_samples.append(per_seq)
+        elif s.probe_k < 0 and k == s.current:
+            s.recent.append(per_seq)
 
     def observe_acceptance(self, num_drafts: int, accepted: int) -> None:
         """One verified draft run: ``num_drafts`` proposed, the first ``accepted`` of them accepted."""
@@ -306,9 +345,9 @@ class AutoDraftLength:
 
     def _goodputs(self, s: _Bucket) -> list[float | None]:
         """Estimated output tokens per second of a bucket's steps drafting k = 0..K, all sequences together
-        (``E(k) / ms_per_seq(k)``: tokens per step over the step period; None: not measured)."""
-        expected = expected_tokens(self.acceptance(), self.max_k)
-        return [1000.0 * e / c if c else None for e, c in zip(expected, s.estimates(), strict=True)]
+        (``E(k) / (rel(k) * cost)``: tokens per step over the step period; None: not measured)."""
+        expected, cost = expected_tokens(self.acceptance(), self.max_k), s.cost()
+        return [1000.0 * e / (r * cost) if r and cost else None for e, r in zip(expected, s.fitted(), strict=True)]
 
     def goodput(self, batch_size: int, k: int) -> float | None:
         """``_goodputs`` of this batch size's bucket, at k."""
