@@ -22,7 +22,8 @@ arguments move to ``additional_config["eagle_cluster"]["draft_length"]``, see ``
     ``propose`` call to the next, so it holds the drafting of the step and the target forward that verifies it.
     Each bucket drafts one k (``current``) and measures the others *against it*: ``rel[k]``, the cost of a step
     drafting k over the cost of one drafting ``current``. A *probe* drafts k for ``hold`` (5) steps; its ratio is
-    the median of its periods over the median of the current k's last 8 periods, taken just before it. Ratios, not
+    the median of its periods over the median of the current k's last ``between`` (4) periods, all taken
+    since the previous probe, just before it. Ratios, not
     costs, because this machine's speed drifts by 25% within minutes and everything is slow while a server warms
     up: a probe and the periods it is compared with are measured side by side, so drift cancels. A k's ratio is
     the mean of its last ``max_probes`` (4) probes, replaced outright when a probe differs by over ``changed``
@@ -177,13 +178,15 @@ class _Bucket:
     rel: list[float | None]  # [K + 1] cost(k) / cost(current) per step of this bucket; rel[current] == 1
     probes: list[int]  # [K + 1] probes behind rel[k] (capped at ``max_probes``: a moving average)
     probed_at: list[int]  # [K + 1] ``steps`` at k's last probe
-    recent: deque[float] = field(default_factory=lambda: deque(maxlen=8))  # current k's last steady periods / B
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=4))  # current k's last steady periods / B
+    since: int = 0  # of them, taken since the last probe or switch
     probe_k: int = -1  # the k being probed (-1: none)
     probe_left: int = 0  # steps of the probe still to choose
     probe_samples: list[float] = field(default_factory=list)  # the probe's steady periods / B
     steps: int = 0
     run: int = 0  # consecutive periods at the k of the last one observed (1: the first after a change or a break)
     probe_next: int = 0  # the periodic probes go through the k values in turn: the next one to try
+    next_explore: int = 0  # ``steps`` from which the next periodic probe may start
 
     @classmethod
     def start(cls, max_k: int, current: int, rel: list[float | None] | None = None) -> _Bucket:
@@ -222,6 +225,7 @@ class AutoDraftLength:
 
     max_k: int
     hysteresis: float = 0.05
+    between: int = 4  # steady periods of the current k before a probe (its cost, the ratio's denominator)
     hold: int = 5  # steps of a probe (the first `settle` are not samples: 3 samples, a median robust to one pause)
     settle: int = 2  # periods at a new k that are not samples (the change's own, and one with the drafter warming)
     changed: float = 1.5  # a probe's ratio this far (either way) from the mean replaces it: the cost changed
@@ -254,6 +258,7 @@ class AutoDraftLength:
                 self.buckets[b] = _Bucket.start(self.max_k, k, [r / rel[k] for r in rel])  # type: ignore[operator]
             else:
                 self.buckets[b] = _Bucket.start(self.max_k, self.max_k)
+            self.buckets[b].next_explore = self.explore_every
         return self.buckets[b]
 
     def choose(self, batch_size: int) -> int:
@@ -264,8 +269,36 @@ class AutoDraftLength:
             return s.probe_k
         if s.probe_k >= 0:
             self._end_probe(s)
-        if len(s.recent) < 2 or self.max_k == 0:  # the current k's cost is what every ratio is measured against
+        if self.max_k == 0:
             return s.current
+        # the current k's cost is what a probe's ratio is measured against: measured afresh before each probe
+        ready = s.since >= self.between
+        unknown = [k for k in range(self.max_k, -1, -1) if s.rel[k] is None]
+        if unknown:  # a bucket with nothing to start from measures every k first, K down to 0
+            return self._probe(s, unknown[0]) if ready else s.current
+        rel, expected = s.fitted(), expected_tokens(self.acceptance(), self.max_k)
+        gp = [e / r for e, r in zip(expected, rel, strict=True)]  # type: ignore[operator]
+        close = [k for k in range(self.max_k + 1) if not s.probes[k] and gp[k] >= self.close * max(gp)]
+        if close:  # a bucket started from a neighbour's ratios measures the k they put close to the best, best first
+            return self._probe(s, max(close, key=lambda k: gp[k])) if ready else s.current
+        best = best_k(rel, expected, s.current, self.hysteresis)
+        if best != s.current:
+            if s.steps - s.probed_at[best] > self.fresh_steps:
+                s.probes[best] = 0  # measured long ago: measured afresh (``confirm`` probes) before a switch
+            if s.probes[best] < self.confirm:
+                return self._probe(s, best) if ready else s.current
+            self._switch(s, best)
+            return s.current
+        if ready and s.steps >= s.next_explore:
+            # every other periodic probe measures the runner-up (the k that a noisy ratio would switch to, or from),
+            # the rest go through the other k values in turn
+            s.next_explore = s.steps + self.explore_every
+            others = [k for k in range(self.max_k, -1, -1) if k != s.current]
+            s.probe_next += 1
+            if s.probe_next % 2:
+                return self._probe(s, max(others, key=lambda k: gp[k]))
+            return self._probe(s, others[(s.probe_next // 2 - 1) % len(others)])
+        return s.current
         unknown = [k for k in range(self.max_k, -1, -1) if s.rel[k] is None]
         if unknown:  # a bucket with nothing to start from measures every k first, K down to 0
             return self._probe(s, unknown[0])
@@ -292,7 +325,7 @@ class AutoDraftLength:
         return s.current
 
     def _probe(self, s: _Bucket, k: int) -> int:
-        s.probe_k, s.probe_left, s.probe_samples = k, self.hold - 1, []
+        s.probe_k, s.probe_left, s.probe_samples, s.since = k, self.hold - 1, [], 0
         return k
 
     def _end_probe(self, s: _Bucket) -> None:
@@ -317,6 +350,7 @@ class AutoDraftLength:
         s.probes[s.current], s.probed_at[s.current] = max(s.probes[s.current], self.confirm), s.steps
         s.current = k
         s.recent.clear()
+        s.since = 0
 
     def observe_period(self, batch_size: int, k: int, ms: float, previous_k: int | None = None) -> None:
         """One step's period (``ms``, from its ``propose`` to the next) at this batch size, drafting k, after a step
@@ -335,6 +369,7 @@ class AutoDraftLength:
             s.probe_samples.append(per_seq)
         elif s.probe_k < 0 and k == s.current:
             s.recent.append(per_seq)
+            s.since += 1
 
     def observe_acceptance(self, num_drafts: int, accepted: int) -> None:
         """One verified draft run: ``num_drafts`` proposed, the first ``accepted`` of them accepted."""

@@ -114,9 +114,8 @@ def test_a_rival_is_probed_again_before_a_switch():
     s = p.buckets[dl.bucket(1)]
     assert s.current == 0
     s.rel[3] = 0.5  # a figure that says k = 3 is the best by far, but measured long ago
-    k = p.choose(1)
-    assert k == 3 and s.current == 0 and s.probe_k == 3  # probed first, not switched to
     ks = simulate(p, 1, lambda b, k: 10.0 + 10.0 * k, 100)
+    assert 3 in ks[:p.between + 2] and ks.count(3) == p.hold  # probed once, not switched to
     assert ks[-40:].count(0) >= 40 - p.hold and s.current == 0  # the probe found it dear: k = 0 stays
 
 
@@ -125,9 +124,11 @@ def test_auto_explores_then_follows_a_changed_cost():
     def cheap(batch: int, k: int) -> float:  # drafting is cheap: k = 3
         return 5.0 + 0.5 * k
 
-    first = simulate(p, 1, cheap, 17)
-    # K measured first (its cost is what the others are measured against), then a probe of each k, K - 1 down to 0
-    assert first == [3, 3] + [2] * p.hold + [1] * p.hold + [0] * p.hold
+    first = simulate(p, 1, cheap, 31)
+    # K measured first (its cost is what the others are measured against), then a probe of each k, K - 1 down to 0,
+    # each after K's cost measured afresh: ``between`` steady periods, after ``settle`` unsteady ones
+    again = [3] * (p.settle + p.between)
+    assert first == [3] * p.between + [2] * p.hold + again + [1] * p.hold + again + [0] * p.hold
     simulate(p, 1, cheap, 100)
     assert p.buckets[dl.bucket(1)].current == 3
     ks = simulate(p, 1, lambda b, k: 9.0 + 40.0 * k, 300)  # drafting became expensive: k = 0 wins
@@ -147,12 +148,15 @@ def test_auto_samples_steady_periods_only():
     p.observe_period(32, 3, 40.0, previous_k=3)
     p.observe_period(32, 3, 42.0, previous_k=3)
     assert len(s.recent) == 2 and s.cost() == pytest.approx(41.0 / 32)
+    assert p.choose(32) == 3  # ``between`` (4) steady periods before a probe
+    p.observe_period(32, 3, 40.0, previous_k=3)
+    p.observe_period(32, 3, 42.0, previous_k=3)
     assert p.choose(32) == 2 and s.probe_k == 2  # k = 2 not measured yet: probed
     p.observe_period(32, 2, 50.0, previous_k=3)  # a change: the count starts again
     p.observe_period(32, 2, 20.0, previous_k=2)
     assert not s.probe_samples
     p.observe_period(32, 2, 20.0, previous_k=2)
-    assert s.probe_samples == [20.0 / 32] and len(p.history) == 7
+    assert s.probe_samples == [20.0 / 32] and len(p.history) == 9
     for _ in range(p.hold - 1):
         p.choose(32)
     p.choose(32)  # the probe ends: its ratio to the current k's cost
@@ -239,11 +243,12 @@ def test_a_new_bucket_starts_from_its_measured_neighbour():
     assert p.buckets[dl.bucket(16)].current == 0
     ks = simulate(p, 32, cost, 40)
     assert ks == [0] * 40, ks
-    fresh = simulate(dl.AutoDraftLength(3), 32, cost, 40)
-    assert fresh[:2] == [3, 3] and set(fresh[:17]) == {0, 1, 2, 3} and fresh[-20:] == [0] * 20, fresh
-    # near the best, a neighbour's ratio is measured at once: batch 1 (k = 3) -> batch 2 probes 2 and 0
+    fresh = simulate(dl.AutoDraftLength(3), 32, cost, 60)
+    assert fresh[:4] == [3] * 4 and set(fresh[:31]) == {0, 1, 2, 3} and fresh[-15:] == [0] * 15, fresh
+    # near the best, a neighbour's ratio is measured at once: batch 1 (k = 3) -> batch 2 probes 2, then 0
     simulate(p, 1, cost, 200)
-    assert simulate(p, 2, cost, 12)[:12] == [3, 3] + [2] * p.hold + [0] * p.hold
+    ks = simulate(p, 2, cost, 30)
+    assert ks[:9] == [3] * p.between + [2] * p.hold and ks.count(0) >= p.hold and ks.count(1) == 0, ks
 
 
 def test_the_fit_over_the_drafting_k():
