@@ -189,13 +189,13 @@ class _Bucket:
     next_explore: int = 0  # ``steps`` from which the next periodic probe may start
 
     @classmethod
-    def start(cls, max_k: int, current: int, rel: list[float | None] | None = None) -> _Bucket:
+    def start(cls, max_k: int, current: int, explore_every: int, rel: list[float | None] | None = None) -> _Bucket:
         k1 = max_k + 1
         rel = list(rel) if rel is not None else [None] * k1
         rel[current] = 1.0
         probes = [0] * k1  # a neighbour's ratios (``rel``) are no probes of this bucket: each is probed in turn
         probes[current] = 1
-        return cls(current, rel, probes, [-(10**9)] * k1)
+        return cls(current, rel, probes, [-(10**9)] * k1, next_explore=explore_every)
 
     def cost(self) -> float | None:
         """The current k's cost, ms per sequence per step: the median of its recent steady periods."""
@@ -255,10 +255,10 @@ class AutoDraftLength:
                 near = self.buckets[min(known, key=lambda o: (abs(o - b), o))]
                 rel = near.fitted()
                 k = best_k(rel, expected_tokens(self.acceptance(), self.max_k), near.current, self.hysteresis)
-                self.buckets[b] = _Bucket.start(self.max_k, k, [r / rel[k] for r in rel])  # type: ignore[operator]
+                self.buckets[b] = _Bucket.start(self.max_k, k, self.explore_every,
+                                                [r / rel[k] for r in rel])  # type: ignore[operator]
             else:
-                self.buckets[b] = _Bucket.start(self.max_k, self.max_k)
-            self.buckets[b].next_explore = self.explore_every
+                self.buckets[b] = _Bucket.start(self.max_k, self.max_k, self.explore_every)
         return self.buckets[b]
 
     def choose(self, batch_size: int) -> int:
@@ -293,30 +293,6 @@ class AutoDraftLength:
             # every other periodic probe measures the runner-up (the k that a noisy ratio would switch to, or from),
             # the rest go through the other k values in turn
             s.next_explore = s.steps + self.explore_every
-            others = [k for k in range(self.max_k, -1, -1) if k != s.current]
-            s.probe_next += 1
-            if s.probe_next % 2:
-                return self._probe(s, max(others, key=lambda k: gp[k]))
-            return self._probe(s, others[(s.probe_next // 2 - 1) % len(others)])
-        return s.current
-        unknown = [k for k in range(self.max_k, -1, -1) if s.rel[k] is None]
-        if unknown:  # a bucket with nothing to start from measures every k first, K down to 0
-            return self._probe(s, unknown[0])
-        rel, expected = s.fitted(), expected_tokens(self.acceptance(), self.max_k)
-        gp = [e / r for e, r in zip(expected, rel, strict=True)]  # type: ignore[operator]
-        close = [k for k in range(self.max_k + 1) if not s.probes[k] and gp[k] >= self.close * max(gp)]
-        if close:  # a bucket started from a neighbour's ratios measures the k they put close to the best, best first
-            return self._probe(s, max(close, key=lambda k: gp[k]))
-        best = best_k(rel, expected, s.current, self.hysteresis)
-        if best != s.current:
-            if s.steps - s.probed_at[best] > self.fresh_steps:
-                s.probes[best] = 0  # measured long ago: measured afresh (``confirm`` probes) before a switch
-            if s.probes[best] < self.confirm:
-                return self._probe(s, best)
-            self._switch(s, best)
-        if s.steps % self.explore_every == 0:
-            # every other periodic probe measures the runner-up (the k that a noisy ratio would switch to, or from),
-            # the rest go through the other k values in turn
             others = [k for k in range(self.max_k, -1, -1) if k != s.current]
             s.probe_next += 1
             if s.probe_next % 2:
