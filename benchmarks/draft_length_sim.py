@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 import math
 import random
+from collections.abc import Callable, Sequence
 
-from actors.verifier.draft_length import AutoDraftLength, FixedDraftLength
+from actors.verifier.draft_length import AutoDraftLength, DraftLength, FixedDraftLength
 
 ACCEPT = (0.74, 0.43, 0.26)  # P(draft i accepted): mean acceptance lengths 1.74 / 2.17 / 2.43 at k = 1 / 2 / 3
 COSTS = {  # step period ms by k = 0..3, measured held (strict pinning; c = 4 interpolated)
@@ -24,9 +25,11 @@ COSTS = {  # step period ms by k = 0..3, measured held (strict pinning; c = 4 in
 }
 
 
-def run(policy, batch: int, costs: list[float], steps: int, seed: int, noise: float) -> tuple[list[int], float]:
-    """Drive ``policy`` for ``steps`` steps; returns the k per step and the tokens per ms."""
-    rng = random.Random(seed)
+def drive(policy: DraftLength, batch: int, period: Callable[[int, int], float], steps: int, rng: random.Random,
+          accept: Sequence[float] = ACCEPT, after_step: Callable[[], None] | None = None) -> tuple[list[int], float]:
+    """Drive ``policy`` as the proposer does for ``steps`` steps: choose k, verify each sequence's drafts (draft i
+    accepted with probability ``accept[i]``, drawn from ``rng``), then time the step (``period(t, k)`` ms, which may
+    draw from ``rng`` after the acceptance draws). Returns the k per step and the output tokens per ms."""
     ks: list[int] = []
     tokens = time = 0.0
     for t in range(steps):
@@ -35,16 +38,29 @@ def run(policy, batch: int, costs: list[float], steps: int, seed: int, noise: fl
         ks.append(k)
         for _ in range(batch):
             a = 0
-            while a < k and rng.random() < ACCEPT[a] / (ACCEPT[a - 1] if a else 1.0):
+            while a < k and rng.random() < accept[a] / (accept[a - 1] if a else 1.0):
                 a += 1
             policy.observe_acceptance(k, a)
             tokens += 1 + a
-        ms = costs[k] * (1 + 0.25 * math.sin(t / 150.0)) * math.exp(rng.gauss(0.0, noise))
-        if rng.random() < 0.03:
-            ms *= 2.5  # a pause
+        ms = period(t, k)
         time += ms
         policy.observe_period(batch, k, ms, previous_k=previous)
+        if after_step is not None:
+            after_step()
     return ks, tokens / time
+
+
+def run(policy: DraftLength, batch: int, costs: list[float], steps: int, seed: int,
+        noise: float) -> tuple[list[int], float]:
+    """``drive`` with this machine's noise on ``costs`` (ms per step by k): log-normal per step, a slow +-25% drift,
+    3% pauses of 2.5x."""
+    rng = random.Random(seed)
+
+    def period(t: int, k: int) -> float:
+        ms = costs[k] * (1 + 0.25 * math.sin(t / 150.0)) * math.exp(rng.gauss(0.0, noise))
+        return ms * 2.5 if rng.random() < 0.03 else ms  # a pause
+
+    return drive(policy, batch, period, steps, rng)
 
 
 def main() -> None:

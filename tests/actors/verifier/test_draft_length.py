@@ -12,6 +12,7 @@ import pytest
 from actors.metrics import ProposerStats
 from actors.verifier import draft_length as dl
 from actors.verifier.engine import verifier_kwargs
+from benchmarks.draft_length_sim import drive
 
 
 def test_worked_example_in_the_docstring():
@@ -34,22 +35,13 @@ def test_schedule_is_vllms_lookup_clamped_and_carried():
 
 def simulate(policy: dl.AutoDraftLength, batch: int, cost, steps: int, noise: float = 0.0, seed: int = 0,
              accept=(0.8, 0.6, 0.4), trace: list[int] | None = None) -> list[int]:
-    """Drive the policy as the proposer does: choose, verify (acceptance), time the step (``cost(batch, k)`` ms per
-    step, times 1 +- noise). ``trace``: the bucket's ``current`` after each step is appended to it."""
+    """Drive the policy as the proposer does (``benchmarks.draft_length_sim.drive``): choose, verify (acceptance),
+    time the step (``cost(batch, k)`` ms per step, times 1 +- noise). ``trace``: the bucket's ``current`` after each
+    step is appended to it."""
     rng = random.Random(seed)
-    ks: list[int] = []
-    for _ in range(steps):
-        k = policy.choose(batch)
-        previous = ks[-1] if ks else None
-        ks.append(k)
-        for _ in range(batch):
-            a = 0
-            while a < k and rng.random() < accept[a] / (accept[a - 1] if a else 1.0):
-                a += 1
-            policy.observe_acceptance(k, a)
-        policy.observe_period(batch, k, cost(batch, k) * (1 + rng.uniform(-noise, noise)), previous_k=previous)
-        if trace is not None:
-            trace.append(policy.buckets[dl.bucket(batch)].current)
+    after = None if trace is None else lambda: trace.append(policy.buckets[dl.bucket(batch)].current)
+    ks, _ = drive(policy, batch, lambda t, k: cost(batch, k) * (1 + rng.uniform(-noise, noise)), steps, rng, accept,
+                  after)
     return ks
 
 
