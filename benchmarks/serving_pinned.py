@@ -14,8 +14,8 @@ it call the replica over gRPC (``RAY_SERVE_PROXY_USE_GRPC=1``) instead of by Obj
 ``verifier.engine_spin_s: null`` (vLLM's own 1 s busy loop, not the shipped 5 ms: ``actors.engine_spin``). vLLM's
 OpenMP threads: ``VLLM_CPU_OMP_THREADS_BIND=0`` and ``OMP_NUM_THREADS=1`` in every mode when strict.
 
-The draft length (issue 23): cluster modes run the shipped default (k = 3 at every step); ``*-auto`` sets
-``num_speculative_tokens_per_batch_size: auto``, ``*-sched`` the fixed schedule ``SCHEDULE`` through the same key,
+The draft length (issue 23): cluster modes run the shipped default (``num_speculative_tokens_per_batch_size:
+auto``); ``*-auto`` sets it explicitly, ``*-sched`` the fixed schedule ``SCHEDULE`` through the same key,
 ``*-k3`` removes the key (k = 3 at every step, whatever the shipped YAML says), ``*-k0`` / ``-k1`` / ``-k2`` hold that
 k at every batch size through the key (``[[1, 1024, k]]``: each k's steady cost, beside what ``auto`` measures when
 it only probes a k). Each cluster row also reports the

@@ -36,8 +36,8 @@ HTTP = "http://127.0.0.1:8000"
 GRPC = "127.0.0.1:9000"  # Serve's gRPC proxy listens on all interfaces; callers here use loopback
 MODEL = "llama4-tiny"  # the served model name in deploy/cpu.yaml
 # ``speculative_config`` changes for a run that needs its drafters in use at every load (fault and pool tests and
-# benchmarks): k = num_speculative_tokens at every step (the shipped default today), never ``auto``, which may
-# draft nothing at a CPU's batch of 16-32 (``actors.verifier.draft_length``), whatever the shipped YAML says.
+# benchmarks): k = num_speculative_tokens at every step (vLLM's default), never ``auto`` (the shipped YAMLs'
+# default), which may draft nothing at a CPU's batch of 16-32 (``actors.verifier.draft_length``).
 EVERY_STEP_DRAFTS = {"num_speculative_tokens_per_batch_size": None}
 BIN = Path(sys.executable).parent  # ray, serve
 

@@ -41,9 +41,21 @@ def test_the_issue_command_line_is_the_cpu_default(parser):
                                                   "num_speculative_tokens": 3}
     assert main.verifier.engine_kwargs == {}  # no flag set away from vLLM's default
     assert (pool.target, pool.head, pool.max_model_len) == (str(TARGET), str(EAGLE3), 1024)
-    cpu = both(deploy_yaml.load())  # deploy/cpu.yaml: the same verifier and head
+    cpu = both(deploy_yaml.load())  # deploy/cpu.yaml: the same verifier and head, and k per step (``auto``)
     shipped = cpu[0].speculative_config.for_vllm()
+    assert shipped.pop("num_speculative_tokens_per_batch_size") == "auto"
     assert (cpu[0].verifier.model, shipped) == (main.verifier.model, main.speculative_config.for_vllm())
+
+
+def test_the_readme_command_line_is_the_cpu_default(parser):
+    """The one line in README: the issue's, with the shipped draft-length key in the JSON (vLLM's meaning of a JSON
+    without it is kept: k = num_speculative_tokens at every step)."""
+    spec = SPEC[:-1] + ', "num_speculative_tokens_per_batch_size": "auto"}'
+    main, _ = both(cli.to_config(parser, parser.parse_args(["models/llama4-tiny", "--speculative-config", spec,
+                                                             "--max-model-len", "1024"])))
+    cpu, _ = both(deploy_yaml.load())
+    assert main.speculative_config.for_vllm() == cpu.speculative_config.for_vllm()
+    assert (main.verifier.model, main.verifier.max_model_len) == (cpu.verifier.model, cpu.verifier.max_model_len)
 
 
 def test_the_draft_length_key_passes_through(parser):

@@ -35,6 +35,7 @@ def test_deploy_yaml_validates(path, monkeypatch):
     monkeypatch.chdir(ROOT)
     cfg = EagleClusterConfig.model_validate(app_args(path))
     assert cfg.speculative_config.num_speculative_tokens >= 1
+    assert cfg.speculative_config.num_speculative_tokens_per_batch_size == "auto"  # k per step, the shipped default
     pool = DrafterPoolConfig.model_validate(app_args(path, DRAFTER_APP_NAME))
     assert (pool.target, pool.head) == (cfg.verifier.model, cfg.speculative_config.model)  # the same models
     assert pool.max_model_len >= cfg.verifier.max_model_len
