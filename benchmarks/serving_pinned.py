@@ -98,6 +98,34 @@ def goodput_estimates(text: str) -> dict[str, list[float | None]]:
     return {b: [row.get(k) for k in range(width)] for b, row in table.items()}
 
 
+def policy_periods() -> list[list[float]]:
+    """The periods the verifier's draft-length policy timed since the last call, ``[batch size, k, ms]`` in step order
+    (``VerifierServer.step_timings``; ``auto`` only), read through Ray and reset."""
+    import ray
+    from ray import serve
+
+    if not ray.is_initialized():
+        ray.init(address="auto", log_to_driver=False)
+    handle = serve.get_deployment_handle("Verifier", app_name="eagle-cluster")
+    return handle.step_timings.remote(reset=True).result(timeout_s=60)["draft_length_periods"]
+
+
+def periods_by_run_position(periods: list[list[float]], batch: range) -> dict[int, dict[str, float]]:
+    """Median period (ms) by k and by position in a run of steps at one k (1, 2, 3, 4+), over steps whose batch size
+    is in ``batch``: whether a k's first steps after a change cost more than its steady ones."""
+    cells: dict[tuple[int, str], list[float]] = {}
+    run, last = 0, None
+    for b, k, ms in periods:
+        run = run + 1 if k == last else 1
+        last = k
+        if int(b) in batch:
+            cells.setdefault((int(k), str(min(run, 4))), []).append(ms)
+    out: dict[int, dict[str, float]] = {}
+    for (k, pos), v in sorted(cells.items()):
+        out.setdefault(k, {})[f"{pos}{'+' if pos == '4' else ''} (n={len(v)})"] = statistics.median(v)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pinning", choices=["strict", "none"], default="strict")
@@ -106,6 +134,9 @@ def main() -> None:
                    help="prompts per concurrency, at least the concurrency (so c streams are really open)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--modes", nargs="*", default=DEFAULT_MODES, choices=MODES)
+    p.add_argument("--periods", action="store_true",
+                   help="cluster modes: read the draft-length policy's timed periods after each concurrency (through "
+                        "Ray) and print their median by k and position in a run of one k")
     p.add_argument("--out", default=str(ROOT / "results" / "pinned"))
     p.add_argument("--summary-from", metavar="RESULTS_JSON",
                    help="print the summary of an earlier run's results and exit")
@@ -173,8 +204,14 @@ def main() -> None:
                         print("auto's estimated tokens/s by batch and k: " + "; ".join(
                             f"{b}: " + " ".join("-" if v is None else f"{v:.0f}" for v in row)
                             for b, row in estimates.items()), flush=True)
+                    periods = policy_periods() if args.periods and kind == "cluster" else []
+                    if periods:
+                        for k, cells in periods_by_run_position(periods, range(max(1, c // 2 + 1), c + 1)).items():
+                            print(f"periods at batch {c // 2 + 1}-{c}, k = {k}, by position in its run: " + ", ".join(
+                                f"{pos} {ms:.1f} ms" for pos, ms in cells.items()), flush=True)
                     results[mode]["by_c"][str(c)] = {**asdict(report), "cpu_ms_per_token": per_tok,
-                                                     "steps_per_k": ks, "goodput_estimates": estimates}
+                                                     "steps_per_k": ks, "goodput_estimates": estimates,
+                                                     "periods": periods}
             finally:
                 stop(proc)
     (out / f"results-{args.pinning}.json").write_text(json.dumps(results, indent=2))

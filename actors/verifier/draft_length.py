@@ -42,7 +42,9 @@ arguments move to ``additional_config["eagle_cluster"]["draft_length"]``, see ``
   Stability: a bucket keeps its current k unless another k's estimated goodput beats it by more than
   ``hysteresis`` (5%). And it switches only on fresh, repeated evidence: a rival needs ``confirm`` (2) probes, the
   last within ``fresh_steps`` (32) steps; a rival measured longer ago is measured afresh (``confirm`` probes,
-  its old ratio dropped) before the switch. Exploration is deterministic: a bucket with nothing to start from
+  its old ratio dropped) before the switch; and the k it switched from is probed first thing after the switch, so a
+  switch made on a misread (served at c = 4, one took a bucket from k = 3 to k = 1 for a whole run: 0.67x k = 3's
+  tokens/s) is undone within a few probes. Exploration is deterministic: a bucket with nothing to start from
   measures the current k (K), then probes every other k, K - 1 down to 0; and every ``explore_every`` (64) steps
   it probes a k not in use, so their ratios stay fresh: the runner-up every other time (the k a noisy ratio would
   switch to, or has switched from), else the next of the others in turn (K down to 0).
@@ -187,6 +189,7 @@ class _Bucket:
     run: int = 0  # consecutive periods at the k of the last one observed (1: the first after a change or a break)
     probe_next: int = 0  # the periodic probes go through the k values in turn: the next one to try
     next_explore: int = 0  # ``steps`` from which the next periodic probe may start
+    recheck: int = -1  # the k switched away from, measured afresh once after the switch (-1: none)
 
     @classmethod
     def start(cls, max_k: int, current: int, explore_every: int, rel: list[float | None] | None = None) -> _Bucket:
@@ -281,6 +284,8 @@ class AutoDraftLength:
         close = [k for k in range(self.max_k + 1) if not s.probes[k] and gp[k] >= self.close * max(gp)]
         if close:  # a bucket started from a neighbour's ratios measures the k they put close to the best, best first
             return self._probe(s, max(close, key=lambda k: gp[k])) if ready else s.current
+        if s.recheck >= 0:  # the k just left: its ratio is derived from the evidence that moved away from it
+            return self._probe(s, s.recheck) if ready else s.current
         best = best_k(rel, expected, s.current, self.hysteresis)
         if best != s.current:
             if s.steps - s.probed_at[best] > self.fresh_steps:
@@ -302,6 +307,8 @@ class AutoDraftLength:
 
     def _probe(self, s: _Bucket, k: int) -> int:
         s.probe_k, s.probe_left, s.probe_samples, s.since = k, self.hold - 1, [], 0
+        if k == s.recheck:
+            s.recheck = -1
         return k
 
     def _end_probe(self, s: _Bucket) -> None:
@@ -320,10 +327,14 @@ class AutoDraftLength:
         s.probed_at[k] = s.steps
 
     def _switch(self, s: _Bucket, k: int) -> None:
-        """Make k the current k: every ratio is now relative to it; its cost is measured afresh."""
+        """Make k the current k: every ratio is now relative to it; its cost is measured afresh. The k left is
+        probed next (``recheck``), its derived ratio replaced by that probe's: a switch made on a misread (the
+        batch ramping up, a slow spell while the rival was probed) is undone within a few probes, not left until
+        the k left is next the runner-up."""
         r = s.rel[k]
         s.rel = [None if x is None else x / r for x in s.rel]  # type: ignore[operator]
-        s.probes[s.current], s.probed_at[s.current] = max(s.probes[s.current], self.confirm), s.steps
+        s.probes[s.current], s.probed_at[s.current] = 0, s.steps
+        s.recheck = s.current
         s.current = k
         s.recent.clear()
         s.since = 0

@@ -111,6 +111,21 @@ def test_a_rival_is_probed_again_before_a_switch():
     assert ks[-40:].count(0) >= 40 - p.hold and s.current == 0  # the probe found it dear: k = 0 stays
 
 
+def test_a_switch_made_on_a_misread_is_undone():
+    """A bucket at k = 3 (the best) is misled into k = 1 (two probes read k = 1 at 0.4x k = 3's cost: the batch was
+    ramping up). The k it left is probed right after the switch, its ratio measured afresh: back at k = 3 within a
+    few probes, not a whole run later."""
+    p = dl.AutoDraftLength(3)
+    costs = {0: 10.0, 1: 11.0, 2: 12.0, 3: 13.0}
+    simulate(p, 1, lambda b, k: costs[k], 100)
+    s = p.buckets[dl.bucket(1)]
+    assert s.current == 3
+    s.rel[1], s.probes[1], s.probed_at[1] = 0.4, p.confirm, s.steps  # the misread, fresh and confirmed
+    ks = simulate(p, 1, lambda b, k: costs[k], 120)
+    assert ks[0] == 1 and ks.index(3) <= p.between + p.settle, ks  # switched, and the k left is probed first thing
+    assert s.current == 3 and ks[60:].count(3) >= 60 - 2 * p.hold, ks  # back at k = 3 for good, probes aside
+
+
 def test_auto_explores_then_follows_a_changed_cost():
     p = dl.AutoDraftLength(3, explore_every=16)
     def cheap(batch: int, k: int) -> float:  # drafting is cheap: k = 3
@@ -235,8 +250,8 @@ def test_a_new_bucket_starts_from_its_measured_neighbour():
     assert p.buckets[dl.bucket(16)].current == 0
     ks = simulate(p, 32, cost, 40)
     assert ks == [0] * 40, ks
-    fresh = simulate(dl.AutoDraftLength(3), 32, cost, 60)
-    assert fresh[:4] == [3] * 4 and set(fresh[:31]) == {0, 1, 2, 3} and fresh[-15:] == [0] * 15, fresh
+    fresh = simulate(dl.AutoDraftLength(3), 32, cost, 60)  # every k, then k = 0, then k = 3 (the k left) once more
+    assert fresh[:4] == [3] * 4 and set(fresh[:31]) == {0, 1, 2, 3} and fresh[-9:] == [0] * 9, fresh
     # near the best, a neighbour's ratio is measured at once: batch 1 (k = 3) -> batch 2 probes 2, then 0
     simulate(p, 1, cost, 200)
     ks = simulate(p, 2, cost, 30)
