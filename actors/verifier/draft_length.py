@@ -36,8 +36,9 @@ arguments move to ``additional_config["eagle_cluster"]["draft_length"]``, see ``
     and each further draft little. So one noisy probe of k = 2 does not move k = 2 alone; the line pools them.
   * goodput(k) = E(k) / rel(k), relative to the current k's; the chosen k is the argmax.
   * a new bucket starts from the nearest bucket that measured every k: its ratios, and the k they pick. It probes
-    at once the k whose estimate is within ``close`` (0.8x) of the best, and the others only periodically: a load
-    seen for the first time is served at once at a k measured nearby.
+    at once the k whose estimate is within ``close`` (0.8x) of the best, and k = 0 when the load rose (a larger
+    batch than the neighbour's: k = 0's ratio falls with the batch), the others only periodically: a load seen for
+    the first time is served at once at a k measured nearby.
 
   Stability: a bucket keeps its current k unless another k's estimated goodput beats it by more than
   ``hysteresis`` (5%). And it switches only on fresh, repeated evidence: a rival needs ``confirm`` (2) probes, the
@@ -255,11 +256,17 @@ class AutoDraftLength:
         if b not in self.buckets:
             known = [o for o in self.buckets if None not in self.buckets[o].rel]
             if known:  # start from the nearest measured bucket (the smaller one on a tie: the load is rising)
-                near = self.buckets[min(known, key=lambda o: (abs(o - b), o))]
+                nearest = min(known, key=lambda o: (abs(o - b), o))
+                near = self.buckets[nearest]
                 rel = near.fitted()
                 k = best_k(rel, expected_tokens(self.acceptance(), self.max_k), near.current, self.hysteresis)
                 self.buckets[b] = _Bucket.start(self.max_k, k, self.explore_every,
                                                 [r / rel[k] for r in rel])  # type: ignore[operator]
+                if nearest < b and k != 0:
+                    # a larger batch than the neighbour's: verifying drafts costs more, so k = 0 gains on every k
+                    # (served: k = 0's ratio at batch 1 is 0.55x k = 3's, at 16 0.44x, at 32 0.34x), and a
+                    # neighbour's ratio would keep it below ``close``, never probed in a short run
+                    self.buckets[b].recheck = 0
             else:
                 self.buckets[b] = _Bucket.start(self.max_k, self.max_k, self.explore_every)
         return self.buckets[b]

@@ -252,10 +252,26 @@ def test_a_new_bucket_starts_from_its_measured_neighbour():
     assert ks == [0] * 40, ks
     fresh = simulate(dl.AutoDraftLength(3), 32, cost, 60)  # every k, then k = 0, then k = 3 (the k left) once more
     assert fresh[:4] == [3] * 4 and set(fresh[:31]) == {0, 1, 2, 3} and fresh[-9:] == [0] * 9, fresh
-    # near the best, a neighbour's ratio is measured at once: batch 1 (k = 3) -> batch 2 probes 2, then 0
+    # near the best, a neighbour's ratio is measured at once, and k = 0 where the load rose: batch 1 (k = 3) ->
+    # batch 2 probes 2, then 0
     simulate(p, 1, cost, 200)
     ks = simulate(p, 2, cost, 30)
     assert ks[:9] == [3] * p.between + [2] * p.hold and ks.count(0) >= p.hold and ks.count(1) == 0, ks
+
+
+def test_a_larger_batch_probes_k0_at_once():
+    """Batch 1 measured with k = 0 at under half k = 3's goodput (far below ``close``): batch 4 starts at k = 3 from
+    its ratios, and probes k = 0 at once all the same, since the load rose; a smaller batch does not."""
+    costs = {0: 10.0, 1: 11.0, 2: 12.0, 3: 13.0}  # goodput [0.100, 0.164, 0.200, 0.215] tokens/ms
+    p = dl.AutoDraftLength(3)
+    simulate(p, 4, lambda b, k: costs[k], 200)
+    simulate(p, 1, lambda b, k: costs[k], 30)  # batch 1 starts from batch 4 (nearer than nothing): no k = 0 probe
+    ks = simulate(p, 8, lambda b, k: costs[k], 30)
+    assert ks.count(0) == p.hold and ks[:p.between] == [3] * p.between, ks
+    q = dl.AutoDraftLength(3)
+    simulate(q, 8, lambda b, k: costs[k], 200)
+    ks = simulate(q, 4, lambda b, k: costs[k], 30)
+    assert ks.count(0) == 0, ks
 
 
 def test_the_fit_over_the_drafting_k():
