@@ -102,27 +102,27 @@ def policy_periods() -> list[list[float]]:
     """The periods the verifier's draft-length policy timed since the last call, ``[batch size, k, ms]`` in step order
     (``VerifierServer.step_timings``; ``auto`` only), read through Ray and reset."""
     import ray
-    from ray import serve
+
+    from benchmarks.pipelined_drafting import step_timings
 
     if not ray.is_initialized():
         ray.init(address="auto", log_to_driver=False)
-    handle = serve.get_deployment_handle("Verifier", app_name="eagle-cluster")
-    return handle.step_timings.remote(reset=True).result(timeout_s=60)["draft_length_periods"]
+    return step_timings(reset=True)["draft_length_periods"]
 
 
 def periods_by_run_position(periods: list[list[float]], batch: range) -> dict[int, dict[str, float]]:
     """Median period (ms) by k and by position in a run of steps at one k (1, 2, 3, 4+), over steps whose batch size
     is in ``batch``: whether a k's first steps after a change cost more than its steady ones."""
-    cells: dict[tuple[int, str], list[float]] = {}
+    cells: dict[tuple[int, int], list[float]] = {}
     run, last = 0, None
     for b, k, ms in periods:
         run = run + 1 if k == last else 1
         last = k
         if int(b) in batch:
-            cells.setdefault((int(k), str(min(run, 4))), []).append(ms)
+            cells.setdefault((int(k), min(run, 4)), []).append(ms)
     out: dict[int, dict[str, float]] = {}
     for (k, pos), v in sorted(cells.items()):
-        out.setdefault(k, {})[f"{pos}{'+' if pos == '4' else ''} (n={len(v)})"] = statistics.median(v)
+        out.setdefault(k, {})[f"{pos}{'+' if pos == 4 else ''} (n={len(v)})"] = statistics.median(v)
     return out
 
 
@@ -206,8 +206,9 @@ def main() -> None:
                             for b, row in estimates.items()), flush=True)
                     periods = policy_periods() if args.periods and kind == "cluster" else []
                     if periods:
-                        for k, cells in periods_by_run_position(periods, range(max(1, c // 2 + 1), c + 1)).items():
-                            print(f"periods at batch {c // 2 + 1}-{c}, k = {k}, by position in its run: " + ", ".join(
+                        low = c // 2 + 1  # the batch sizes of c's bucket, ``draft_length.bucket``
+                        for k, cells in periods_by_run_position(periods, range(low, c + 1)).items():
+                            print(f"periods at batch {low}-{c}, k = {k}, by position in its run: " + ", ".join(
                                 f"{pos} {ms:.1f} ms" for pos, ms in cells.items()), flush=True)
                     results[mode]["by_c"][str(c)] = {**asdict(report), "cpu_ms_per_token": per_tok,
                                                      "steps_per_k": ks, "goodput_estimates": estimates,

@@ -190,7 +190,9 @@ class _Bucket:
     run: int = 0  # consecutive periods at the k of the last one observed (1: the first after a change or a break)
     probe_next: int = 0  # the periodic probes go through the k values in turn: the next one to try
     next_explore: int = 0  # ``steps`` from which the next periodic probe may start
-    recheck: int = -1  # the k switched away from, measured afresh once after the switch (-1: none)
+    # a k whose ratio is not this bucket's own evidence, probed before any switch (-1: none): the k switched away
+    # from (its ratio derived from the probes that moved away), or k = 0 in a bucket started from a smaller batch's
+    recheck: int = -1
 
     @classmethod
     def start(cls, max_k: int, current: int, explore_every: int, rel: list[float | None] | None = None) -> _Bucket:
@@ -291,7 +293,7 @@ class AutoDraftLength:
         close = [k for k in range(self.max_k + 1) if not s.probes[k] and gp[k] >= self.close * max(gp)]
         if close:  # a bucket started from a neighbour's ratios measures the k they put close to the best, best first
             return self._probe(s, max(close, key=lambda k: gp[k])) if ready else s.current
-        if s.recheck >= 0:  # the k just left: its ratio is derived from the evidence that moved away from it
+        if s.recheck >= 0:  # a ratio this bucket has not measured itself (``_Bucket.recheck``)
             return self._probe(s, s.recheck) if ready else s.current
         best = best_k(rel, expected, s.current, self.hysteresis)
         if best != s.current:
