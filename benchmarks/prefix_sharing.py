@@ -2,8 +2,8 @@
 the cluster as shipped (``deploy/cpu.yaml``: EAGLE-3, prefix caching on, the drafter's own prefix cache).
 
     python -m benchmarks.prefix_sharing [--num-prompts 22] [--prefix-tokens 700] [--suffix-tokens 24]
-        [--concurrency 4] [--max-tokens 48] [--modes colocated-eagle3 cluster-eagle3 [cluster-eagle3-uni | -nospin]]
-        [--out results/prefix]
+        [--concurrency 4] [--max-tokens 48]
+        [--modes colocated-eagle3 cluster-eagle3 [cluster-eagle3-uni | -nospin | -async]] [--out results/prefix]
 
 Each prompt is one shared ~700-token prefix of held-out Python (the training corpus's held-out files, not seen in
 training) followed by a different short held-out suffix. Each server is started the same way as in
@@ -15,7 +15,8 @@ No core pinning: every process shares the machine's cores, as in the issue's mea
 CPU seconds by process group (``benchmarks.cpu_split``). ``cluster-eagle3-uni`` serves with
 ``verifier.engine_kwargs.distributed_executor_backend: uni`` (the model in vLLM's engine-core process,
 ``actors.vllm_engine.worker_in_engine_core``); ``cluster-eagle3-nospin`` with ``verifier.engine_spin_s: null`` (vLLM's
-engine core spins for 1 s on its worker, vLLM's default, instead of the shipped 5 ms: ``actors.engine_spin``).
+engine core spins for 1 s on its worker, vLLM's default, instead of the shipped 5 ms: ``actors.engine_spin``);
+``cluster-eagle3-async`` with pipelined drafting (``drafter.async_drafting.enabled``, its default fan-out).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from cluster.harness import (
     wait_healthy,
 )
 
-MODES = ["colocated-eagle3", "cluster-eagle3", "cluster-eagle3-uni", "cluster-eagle3-nospin"]
+MODES = ["colocated-eagle3", "cluster-eagle3", "cluster-eagle3-uni", "cluster-eagle3-nospin", "cluster-eagle3-async"]
 PREFIX_COUNTERS = ("eagle_cluster_draft_prefix_hit_tokens", "eagle_cluster_draft_prefix_miss_tokens")
 
 
@@ -97,6 +98,8 @@ def main() -> None:
                 spec = {"method": "eagle3", "model": str(HEADS["eagle3"])}
                 cmd, base = serve_command(cpu_yaml(Path(tmp) / f"{mode}.yaml", verifier=verifier,
                                                    speculative_config=spec)), HTTP
+            elif mode == "cluster-eagle3-async":
+                cmd, base = cluster_server("eagle3", Path(tmp), {"async_drafting": {"enabled": True}}, name="-async")
             elif mode.startswith("cluster"):
                 cmd, base = cluster_server("eagle3", Path(tmp))
             else:
