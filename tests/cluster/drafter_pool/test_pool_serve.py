@@ -72,17 +72,23 @@ def _spec_stats() -> ProposerStats:
 
 def test_pool_scales_up_under_load_and_outputs_stay_exact(server, reference):
     assert len(replica_actors("Drafter")) == 1
-    prompts = list(reference) * 3
     seen: dict[str, float] = {}
+    start = time.time()
 
-    def watch(elapsed: float) -> None:
+    def watch(_elapsed: float) -> None:
         for a in replica_actors("Drafter"):
             if a["replica_id"] not in seen and drafter_stats(a["replica_id"])["steps"] > 0:
-                seen[a["replica_id"]] = elapsed
+                seen[a["replica_id"]] = time.time() - start
 
-    results = asyncio.run(send(prompts, 32, MAX_TOKENS, during=watch))
-    check_exact(results, reference)
-    assert len(seen) == 2, f"a second drafter never served traffic: {seen}"
+    # Rounds of 32 streams until the second drafter has served: on a loaded CI machine the new replica can finish
+    # loading after a round's last sequences were homed (CI once saw a round end first). The load never drops
+    # below the pool's target between rounds for long, so the autoscaler's decision stands; each round is exact.
+    for _ in range(3):
+        results = asyncio.run(send(list(reference) * 3, 32, MAX_TOKENS, during=watch))
+        check_exact(results, reference)
+        if len(seen) == 2:
+            break
+    assert len(seen) == 2, f"a second drafter never served traffic: {seen} ({replica_actors('Drafter')})"
     print(f"\nload increase -> second drafter serving traffic: {max(seen.values()):.1f} s")
 
 
