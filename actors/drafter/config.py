@@ -43,6 +43,10 @@ class DrafterEngineConfig:
     idle_slot_ttl_s: float | None = 300.0  # a sequence not stepped for this long loses its slot; None: never
     max_k: int = MAX_SPECULATIVE_TOKENS  # the most draft tokens a step may ask for
     branches: BranchConfig | None = None  # asynchronous drafting (actors.drafter.branches); None: off
+    fixed_shape_steps: bool | None = None  # decode steps on fixed-shape buffers (actors.drafter.decode_step); None:
+    #                                        on CUDA only (a CPU's default keeps the eager passes, tuned for it)
+    enforce_eager: bool = False  # no CUDA graphs for fixed-shape steps (vLLM's name)
+    cuda_graph_max_batch: int = 128  # the largest fixed-shape batch; larger ones take the eager passes
 
     def __post_init__(self) -> None:
         _require(self.max_model_len >= 1, "max_model_len", "must be >= 1", self.max_model_len)
@@ -59,6 +63,11 @@ class DrafterEngineConfig:
                  self.max_k)
         _require(self.branches is None or isinstance(self.branches, BranchConfig), "branches",
                  "must be a BranchConfig or None", self.branches)
+        _require(self.fixed_shape_steps in (None, True, False), "fixed_shape_steps", "must be a bool or None",
+                 self.fixed_shape_steps)
+        _require(isinstance(self.enforce_eager, bool), "enforce_eager", "must be a bool", self.enforce_eager)
+        _require(isinstance(self.cuda_graph_max_batch, int) and 1 <= self.cuda_graph_max_batch <= 1024,
+                 "cuda_graph_max_batch", "outside [1, 1024]", self.cuda_graph_max_batch)
 
 
 @dataclass(frozen=True)

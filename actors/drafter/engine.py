@@ -40,8 +40,10 @@ import torch
 from actors.drafter.branch_budget import BranchBudget
 from actors.drafter.branches import BranchAttention, BranchEntry, guesses
 from actors.drafter.config import DrafterEngineConfig
+from actors.drafter.decode_step import DecodeStep
 from actors.drafter.kv_cache import DraftKVCache, consecutive, device_budget_gib
 from actors.drafter.prefix_cache import PrefixBlockStore, SeqTokens
+from actors.drafter.slot_attention import Backend, SlotRows, choose_backend, slot_attention
 from actors.eagle.heads import DraftHead
 from actors.eagle.layers import sdpa_attend
 from actors.messages import (
@@ -93,8 +95,9 @@ class CacheAttention:
     from the query and key positions, one block of query rows at a time (``MAX_SCORES``).
     """
 
-    def __init__(self, cache: DraftKVCache, batch: _Batch, chunk_sizes: dict[int, int | None]) -> None:
-        self.cache, self.b, self.chunks = cache, batch, chunk_sizes
+    def __init__(self, cache: DraftKVCache, batch: _Batch, chunk_sizes: dict[int, int | None],
+                 backend: Backend = "torch") -> None:
+        self.cache, self.b, self.chunks, self.backend = cache, batch, chunk_sizes, backend
         b = batch
         num_seqs = b.slots.numel()
         # A decode pass (one row per sequence, in sequence order) needs no padding and no scatter of its rows.
@@ -171,10 +174,31 @@ class CacheAttention:
             m[:, :, 0] |= q[:, :, 0] < 0  # padding rows see one key, to keep softmax finite
         return m
 
+    def _padded_queries(self, q: torch.Tensor) -> torch.Tensor:  # [N, heads, hd] -> [B, max_rows, heads, hd]
+        b, dev = self.b, self.b.on_device
+        if self.one_row:
+            return q[:, None]
+        qp = q.new_zeros(b.slots.numel(), b.max_rows, *q.shape[1:])
+        qp[dev["row_seq"], dev["row_local"]] = q
+        return qp
+
+    def _slot_attention(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """The Triton kernel over the cache in place (``actors.drafter.slot_attention``): on CUDA, no window copy,
+        no mask, no per-shape plan."""
+        b, dev, cache = self.b, self.b.on_device, self.cache
+        slots = b.slots.to(b.device)
+        rows = SlotRows(slots, self.q_pos_d, self.known_from_d, cache.gap_lo[b.slots].to(b.device),
+                        cache.gap_hi[b.slots].to(b.device))
+        out = slot_attention(self._padded_queries(q), cache.k[layer], cache.v[layer], rows, self.chunks[layer],
+                             "triton")
+        return out[:, 0] if self.one_row else out[dev["row_seq"], dev["row_local"]]  # [N, heads * head_dim]
+
     def __call__(self, layer: int, q, k, v, positions) -> torch.Tensor:
         b, dev = self.b, self.b.on_device
         chunk = self.chunks[layer]
         self.cache.write(layer, dev["row_slots"], dev["positions"], k, v)
+        if self.backend == "triton":
+            return self._slot_attention(layer, q)
         key_pos, key_pos_d = self.window(chunk)
         lo = self._shared[chunk]
         if lo is None:
@@ -186,11 +210,7 @@ class CacheAttention:
         if keys.dtype != q.dtype:
             keys, values = keys.to(q.dtype), values.to(q.dtype)
         num_seqs, width = b.slots.numel(), key_pos.shape[1]
-        if self.one_row:
-            qp = q[:, None]  # [B, 1, heads, head_dim]
-        else:
-            qp = q.new_zeros(num_seqs, b.max_rows, *q.shape[1:])
-            qp[dev["row_seq"], dev["row_local"]] = q
+        qp = self._padded_queries(q)  # [B, max_rows, heads, head_dim]
         if order is not None:
             qp = qp.index_select(0, self.order_d)
 
@@ -313,15 +333,26 @@ class DrafterEngine:
                                  f"{max_model_len} ({slot_bytes / 2**30:.3f} GiB each)")
         else:
             self.prefix_cache_bytes = int(prefix_cache_fraction * max_num_seqs * slot_bytes)
-        self.cache = DraftKVCache(
+        on_cuda = torch.device(device).type == "cuda"
+        fixed_shape = on_cuda if config.fixed_shape_steps is None else config.fixed_shape_steps
+        graphs = fixed_shape and on_cuda and not config.enforce_eager
+        self.cache = DraftKVCache(  # allocated whole up front where CUDA graphs will hold its tensors
             spec.num_layers, spec.num_kv_heads, spec.head_dim, max_len=max_model_len + 1,
-            initial_slots=min(8, max_num_seqs), max_slots=max_num_seqs, dtype=self.dtype, device=device,
+            initial_slots=max_num_seqs if graphs else min(8, max_num_seqs), max_slots=max_num_seqs,
+            dtype=self.dtype, device=device,
         )
+        self.chunks = {i: layer.self_attn.chunk_size for i, layer in enumerate(head.layers)}
+        self.attention_backend: Backend = choose_backend(device)  # chosen once: actors.drafter.slot_attention
+        self.decode: DecodeStep | None = None  # fixed-shape decode steps (actors.drafter.decode_step)
+        if fixed_shape:
+            self.decode = DecodeStep(self.head, self.cache, self.chunks, max_model_len=max_model_len,
+                                     max_k=config.max_k, backend=self.attention_backend, use_graphs=graphs,
+                                     max_batch=min(config.cuda_graph_max_batch, max_num_seqs), device=device,
+                                     dtype=self.dtype)
         self.prefix_store: PrefixBlockStore | None = None  # made at the first step naming a block size
         self.seq_tokens: dict[str, SeqTokens] = {}  # sequences whose blocks are hashed (their prompt came)
         self.prefix_hit_tokens = self.prefix_miss_tokens = 0  # since start
         self._prefix_unreported = [0, 0]  # (hit, miss) since the last DraftResult
-        self.chunks = {i: layer.self_attn.chunk_size for i, layer in enumerate(head.layers)}
         self.branch_config = config.branches
         # the rows after_step may draft, following the drafter's spare time (pipelined drafting only)
         self.branch_budget = BranchBudget(config.branches.max_branch_rows if config.branches else None)
@@ -471,8 +502,8 @@ class DrafterEngine:
         return TensorDrafts(drafts, p.cold, [keep[i] for i in p.hit_seqs], p.branch_lookups, full)
 
     def _pass(self, ids, hidden, batch: _Batch, mm: tuple[torch.Tensor, torch.Tensor] | None = None):
-        return self.head(ids, hidden, batch.on_device["positions"], CacheAttention(self.cache, batch, self.chunks),
-                         mm=mm)
+        attend = CacheAttention(self.cache, batch, self.chunks, self.attention_backend)
+        return self.head(ids, hidden, batch.on_device["positions"], attend, mm=mm)
 
     def _mm_inputs(self, step: DraftStep) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The step's multimodal rows and embeddings on the device (None for a text-only step)."""
@@ -482,9 +513,9 @@ class DrafterEngine:
         rows = torch.from_numpy(np.asarray(step.mm_rows, dtype=np.int64)).to(self.device)
         return rows, emb.to(self.device, self.dtype)
 
-    def _context(self, step: DraftStep, hidden: torch.Tensor) -> tuple[_Chain, int]:
-        """Pass 0: all rows of all sequences at once, writing their K/V; each sequence's last row starts a chain."""
-        num_seqs = len(step.seqs)
+    def _claim_slots(self, step: DraftStep) -> tuple[torch.Tensor, int]:
+        """Each sequence's cache slot [B] (CPU), new ones allocated (and their cached prefix copied in), and how
+        many arrived mid-stream."""
         slot_of = self.cache.slot_of
         new = [i for i, s in enumerate(step.seqs) if s.req_id not in slot_of and s.req_id in step.prompts]
         prefixed = {step.seqs[i].req_id for i in new} if self._store(step.block_size) is not None else set()
@@ -493,6 +524,26 @@ class DrafterEngine:
         for i in new:
             s = step.seqs[i]
             self._prefix_start(s.req_id, int(slots[i]), step.prompts[s.req_id], step.block_size, s.start_position)
+        return slots, cold
+
+    def _rows_written(self, step: DraftStep, slots: torch.Tensor, last_positions: torch.Tensor) -> None:
+        """After a context pass: the slots' real rows end at ``last_positions`` [B]; whole blocks go to the prefix
+        cache."""
+        self.cache.wrote(slots, last_positions)
+        if self.seq_tokens:
+            self._prefix_store_rows(step, slots)
+
+    def _decode_step(self, step: DraftStep, hidden: torch.Tensor) -> TensorDrafts:
+        """A decode step through the fixed-shape passes (``actors.drafter.decode_step``)."""
+        slots, cold = self._claim_slots(step)
+        drafts, last_positions = self.decode.run(step, hidden, slots)
+        self._rows_written(step, slots, last_positions)
+        return TensorDrafts(drafts, cold)
+
+    def _context(self, step: DraftStep, hidden: torch.Tensor) -> tuple[_Chain, int]:
+        """Pass 0: all rows of all sequences at once, writing their K/V; each sequence's last row starts a chain."""
+        num_seqs = len(step.seqs)
+        slots, cold = self._claim_slots(step)
         counts = torch.tensor([s.num_tokens for s in step.seqs])
         starts = torch.tensor([s.start for s in step.seqs])
         first_pos = torch.tensor([s.start_position for s in step.seqs])
@@ -503,9 +554,7 @@ class DrafterEngine:
         ids = torch.from_numpy(step.input_ids.astype(np.int64)).to(self.device)
         out, fed = self._pass(ids, self.head.combine(hidden.to(self.device, self.dtype)), batch, self._mm_inputs(step))
         last = starts + counts - 1
-        self.cache.wrote(slots, positions[last])
-        if self.seq_tokens:
-            self._prefix_store_rows(step, slots)
+        self._rows_written(step, slots, positions[last])
         last_d = last.to(self.device)
         chain = _Chain([s.req_id for s in step.seqs], slots, positions[last],
                        [self.head.draft_logits(out[last_d])], [fed[last_d]])
@@ -611,6 +660,8 @@ class DrafterEngine:
         if full:
             return self._draft_with_room(step, hidden, full, precompute)
         if self.branch_config is None or k == 0:
+            if self.decode is not None and self.decode.accepts(step):
+                return self._decode_step(step, hidden)
             chain, cold = self._context(step, hidden)
             self._draft_chain(chain, k)
             drafts = torch.stack(chain.tokens, dim=1).cpu() if k else torch.zeros(num_seqs, 0, dtype=torch.long)

@@ -73,6 +73,7 @@ class DraftKVCache:
         self.max_len = max_len
         self.max_slots = max_slots
         self.dtype, self.device = dtype, device
+        self.generation = 0  # bumped whenever the K/V tensors are reallocated (captured CUDA graphs hold them)
         self._allocate(initial_slots)
 
     @staticmethod
@@ -81,6 +82,7 @@ class DraftKVCache:
         return 2 * num_layers * max_len * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
 
     def _allocate(self, num_slots: int) -> None:
+        self.generation += 1
         self.k = [torch.zeros(num_slots, *self.shape_tail, dtype=self.dtype, device=self.device)
                   for _ in range(self.num_layers)]
         self.v = [torch.zeros_like(t) for t in self.k]
@@ -105,6 +107,7 @@ class DraftKVCache:
         new = min(self.max_slots, old * 2)
         if new == old:
             raise CacheFullError(f"draft KV cache: all {old} slots in use")
+        self.generation += 1
         for lst in (self.k, self.v):
             for i, t in enumerate(lst):
                 lst[i] = torch.cat([t, torch.zeros(new - old, *self.shape_tail, dtype=self.dtype, device=self.device)])

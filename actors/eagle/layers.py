@@ -10,12 +10,14 @@ loop (``training.heads``) and the drafter engine.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from actors.eagle import kernels
 from actors.eagle.spec import HeadSpec, RopeSpec
@@ -195,7 +197,14 @@ def sdpa_attend(
     mask: torch.Tensor,  # [B or 1, Tq, Tk] bool, True = may attend
 ) -> torch.Tensor:  # [B, Tq, num_heads * head_dim]
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    out = F.scaled_dot_product_attention(
-        qh, kh, vh, attn_mask=mask[:, None], scale=1 / math.sqrt(q.shape[-1]), enable_gqa=qh.shape[1] != kh.shape[1]
-    )
+    with sdpa_kernel(_NO_CUDNN) if q.is_cuda else contextlib.nullcontext():
+        out = F.scaled_dot_product_attention(
+            qh, kh, vh, attn_mask=mask[:, None], scale=1 / math.sqrt(q.shape[-1]),
+            enable_gqa=qh.shape[1] != kh.shape[1],
+        )
     return out.transpose(1, 2).flatten(-2)
+
+
+# cuDNN's SDPA builds an execution plan for every new shape (~40-115 ms of host time each on an H200), and these
+# callers' shapes change every step: every other backend, none of which plans per shape.
+_NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]

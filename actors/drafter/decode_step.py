@@ -1,0 +1,255 @@
+"""A synchronous decode step with shapes that do not change from step to step, replayed from CUDA graphs on CUDA.
+
+Where it sits: ``actors.drafter.engine.DrafterEngine.draft_tensors`` hands it a decode step (every sequence ships at
+most ``max_k + 1`` rows: accepted drafts and the bonus or recovered token) once the engine has claimed the
+sequences' cache slots; it returns the drafts. Prefill steps, steps with images, pipelined drafting and batches past
+the largest captured size take the engine's eager passes instead (the same head, the same attention kernel).
+
+One step for B sequences of at most R rows, on persistent buffers (``_Buffers``):
+
+1. the host packs the step's small integers (token ids, positions, slots, which rows are real) into one pinned
+   buffer and its hidden rows into one of two pinned staging buffers (alternating); one ``non_blocking`` copy each;
+2. on the device, with no host value read until the drafts: the batch is padded to a captured size ``Bp`` (vLLM's
+   ladder: 1, 2, 4, then steps of 8) and its rows to ``[Bp, R]``; the context pass writes every real row's K/V
+   into its slot and attends (``actors.drafter.slot_attention``); each sequence's last real row gives draft 1;
+   k - 1 chain passes follow at positions last + 1, last + 2, ..., each a tensor computed from the last one;
+3. the drafts ``[B, k]`` come back in one copy.
+
+Padding: a padding row (a sequence with fewer than R rows, or a padding sequence past B) writes its K/V at position
+``max_len - 1`` of its slot (slot 0 for padding sequences), a position the engine never uses (real positions are
+clamped to ``max_model_len - 1 = max_len - 2``), and attends to nothing. Worked example, R = 3, max_len = 65:
+sequence 0 ships rows at positions [7, 8], sequence 1 one row at 20 -> write positions [[7, 8, 64], [20, 64, 64]],
+query positions [[7, 8, -1], [20, -1, -1]], last rows [1, 3] (flat index b * R + rows - 1).
+
+Graphs are keyed by (Bp, R, k) and, for the ``torch`` attention backend, the key width it reads; they are captured
+on first use (an eager warm-up, then capture) in one shared memory pool, and replay while positions and lengths grow
+in place. They hold the cache's tensors, so a cache that reallocates drops them (``DraftKVCache.generation``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from actors.drafter.kv_cache import DraftKVCache
+from actors.drafter.slot_attention import Backend, SlotRows, slot_attention
+from actors.eagle.heads import DraftHead
+from actors.messages import DraftStep
+
+
+def batch_sizes(largest: int) -> list[int]:
+    """Captured batch sizes: 1, 2, 4, then steps of 8 up to ``largest`` (vLLM's ladder)."""
+    return sorted({s for s in (1, 2, 4) if s <= largest} | set(range(8, largest + 1, 8)) | {largest})
+
+
+# The per-row and per-sequence integer fields of one step, in the order they lie in the one metadata buffer.
+ROW_FIELDS = ("ids", "row_src", "write_pos", "q_pos", "write_slot")  # [Bp * R] each
+SEQ_FIELDS = ("slot", "known_from", "gap_lo", "gap_hi", "last_row", "last_pos")  # [Bp] each
+
+
+class _Buffers:
+    """Persistent device buffers for up to ``max_batch`` sequences of ``max_rows`` rows, and their pinned host
+    mirrors. Every field is a fixed view of one int64 buffer, so the step's metadata crosses in one copy."""
+
+    def __init__(self, max_batch: int, max_rows: int, hidden_width: int, max_k: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.max_batch, self.max_rows = max_batch, max_rows
+        rows = max_batch * max_rows
+        sizes = [rows] * len(ROW_FIELDS) + [max_batch] * len(SEQ_FIELDS)
+        pinned = device.type == "cuda"
+        self.meta = torch.zeros(sum(sizes), dtype=torch.long, device=device)
+        self.meta_host = torch.zeros(sum(sizes), dtype=torch.long, pin_memory=pinned)
+        self.fields: dict[str, torch.Tensor] = {}  # device views
+        self.host_fields: dict[str, np.ndarray] = {}  # numpy views of the pinned mirror
+        offset = 0
+        for name, size in zip(ROW_FIELDS + SEQ_FIELDS, sizes, strict=True):
+            self.fields[name] = self.meta[offset : offset + size]
+            self.host_fields[name] = self.meta_host[offset : offset + size].numpy()
+            offset += size
+        self.hidden = torch.zeros(rows, hidden_width, dtype=dtype, device=device)  # [rows, fused_hidden_size]
+        # Two pinned staging buffers, alternating: a step's rows are copied in while the last one's copy may run.
+        self.staging = [torch.zeros(rows, hidden_width, dtype=dtype, pin_memory=True) for _ in range(2)] \
+            if pinned else []
+        self.next_staging = 0
+        self.drafts = torch.zeros(max_batch, max_k, dtype=torch.long, device=device)  # [max_batch, max_k]
+        self.drafts_host = torch.zeros(max_batch, max_k, dtype=torch.long, pin_memory=pinned)
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What a captured graph is specialised to."""
+
+    batch: int  # Bp: sequences, padded to a captured size
+    rows: int  # R: rows per sequence
+    k: int  # draft tokens
+    width: int | None  # keys each sequence reads (the torch backend only; None: the whole key range, in place)
+
+
+class DecodeStep:
+    def __init__(self, head: DraftHead, cache: DraftKVCache, chunks: dict[int, int | None], *, max_model_len: int,
+                 max_k: int, backend: Backend, use_graphs: bool, max_batch: int, device: str | torch.device,
+                 dtype: torch.dtype) -> None:
+        """``max_batch``: the largest batch it takes (captured on CUDA); ``use_graphs``: replay CUDA graphs (else
+        the same passes run eagerly, as on a CPU)."""
+        self.head, self.cache, self.chunks = head, cache, chunks
+        self.max_model_len, self.max_k, self.backend = max_model_len, max_k, backend
+        self.device = torch.device(device)
+        self.use_graphs = use_graphs and self.device.type == "cuda"
+        self.sizes = batch_sizes(max_batch)
+        self.max_batch = self.sizes[-1]
+        self.buffers = _Buffers(self.max_batch, max_k + 1, head.spec.fused_hidden_size, max_k, dtype, self.device)
+        self.graphs: dict[StepShape, torch.cuda.CUDAGraph] = {}
+        self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self._generation = cache.generation
+        self.captures = self.replays = 0  # graphs captured, steps replayed (tests and the device check read them)
+
+    def accepts(self, step: DraftStep) -> bool:
+        """Whether this step is a decode step it can run: 1 <= k <= max_k, no images, at most ``max_batch``
+        sequences of at most ``max_k + 1`` rows each."""
+        k = step.num_speculative_tokens
+        return (1 <= k <= self.max_k and 0 < len(step.seqs) <= self.max_batch and not step.num_mm_rows
+                and max(s.num_tokens for s in step.seqs) <= self.max_k + 1)
+
+    def shape_of(self, step: DraftStep) -> StepShape:
+        batch = next(s for s in self.sizes if s >= len(step.seqs))
+        rows = max(s.num_tokens for s in step.seqs)
+        width = None
+        if self.backend == "torch":  # keys [0, width): past every position this step reads, rounded up
+            reach = max(s.start_position + s.num_tokens for s in step.seqs) + step.num_speculative_tokens
+            width = min(max(64, 1 << (reach - 1).bit_length()), self.cache.max_len)
+        return StepShape(batch, rows, step.num_speculative_tokens, width)
+
+    def run(
+        self,
+        step: DraftStep,
+        hidden: torch.Tensor,  # [N, fused_hidden_size] on the host
+        slots: torch.Tensor,  # [B] each sequence's cache slot (claimed by the engine)
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # ([B, k] target ids, [B] each sequence's last real position), CPU
+        shape = self.shape_of(step)
+        last_pos = self._pack(step, slots, shape)
+        self._stage_hidden(hidden)
+        if self.use_graphs:
+            self._replay(shape)
+        else:
+            self._forward(shape)
+        num_seqs, k, buf = len(step.seqs), shape.k, self.buffers
+        if self.device.type == "cuda":
+            buf.drafts_host[:num_seqs, :k].copy_(buf.drafts[:num_seqs, :k], non_blocking=True)
+            torch.cuda.current_stream(self.device).synchronize()
+            return buf.drafts_host[:num_seqs, :k].clone(), last_pos
+        return buf.drafts[:num_seqs, :k].clone(), last_pos
+
+    # --- host side ----------------------------------------------------------------------------------------------
+    def _pack(self, step: DraftStep, slots: torch.Tensor, shape: StepShape) -> torch.Tensor:
+        """Fill the pinned metadata for ``shape`` (module docstring's worked example) and copy it to the device.
+        Returns each sequence's last real position [B] (CPU)."""
+        num_seqs, bp, r = len(step.seqs), shape.batch, shape.rows
+        f = self.buffers.host_fields
+        trash = self.cache.max_len - 1
+        counts = np.fromiter((s.num_tokens for s in step.seqs), np.int64, num_seqs)
+        starts = np.fromiter((s.start for s in step.seqs), np.int64, num_seqs)
+        first = np.fromiter((s.start_position for s in step.seqs), np.int64, num_seqs)
+        slot_np = slots.numpy()
+        local = np.arange(r)
+        real = local[None, :] < counts[:, None]  # [B, R]
+        pos = np.minimum(first[:, None] + local, self.max_model_len - 1)  # [B, R]
+        n = bp * r
+        ids, row_src, write_pos, q_pos, write_slot = (f[name][:n].reshape(bp, r) for name in ROW_FIELDS)
+        ids[:] = 0
+        src = (starts[:, None] + local)[real]  # each real row's index in the step's flat rows
+        ids[:num_seqs][real] = step.input_ids[src]
+        row_src[:] = 0
+        row_src[:num_seqs][real] = src
+        write_pos[:] = trash
+        write_pos[:num_seqs] = np.where(real, pos, trash)
+        q_pos[:] = -1
+        q_pos[:num_seqs] = np.where(real, pos, -1)
+        write_slot[:] = 0
+        write_slot[:num_seqs] = slot_np[:, None]
+        cache = self.cache
+        for name, values in (("slot", slot_np), ("known_from", cache.known_from[slots].numpy()),
+                             ("gap_lo", cache.gap_lo[slots].numpy()), ("gap_hi", cache.gap_hi[slots].numpy())):
+            f[name][:bp] = 0
+            f[name][:num_seqs] = values
+        last = pos[np.arange(num_seqs), counts - 1]
+        f["last_row"][:bp] = np.arange(bp) * r
+        f["last_row"][:num_seqs] += counts - 1
+        f["last_pos"][:bp] = -1
+        f["last_pos"][:num_seqs] = last
+        self.buffers.meta.copy_(self.buffers.meta_host, non_blocking=True)
+        return torch.from_numpy(last.copy())
+
+    def _stage_hidden(self, hidden: torch.Tensor) -> None:
+        buf, n = self.buffers, hidden.shape[0]
+        if not buf.staging:
+            buf.hidden[:n].copy_(hidden)
+            return
+        stage = buf.staging[buf.next_staging]
+        buf.next_staging ^= 1
+        stage[:n].copy_(hidden)
+        buf.hidden[:n].copy_(stage[:n], non_blocking=True)
+
+    # --- device side --------------------------------------------------------------------------------------------
+    def _replay(self, shape: StepShape) -> None:
+        if self._generation != self.cache.generation:  # the cache reallocated: graphs point at its old tensors
+            self.graphs.clear()
+            self._generation = self.cache.generation
+        graph = self.graphs.get(shape)
+        if graph is None:
+            graph = self.graphs[shape] = self._capture(shape)
+        graph.replay()
+        self.replays += 1
+
+    def _capture(self, shape: StepShape) -> torch.cuda.CUDAGraph:
+        """Warm up on a side stream (Triton compiles, allocations settle), then capture. The warm-up passes are the
+        current step's own: they write the same K/V again, so running them is harmless."""
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._forward(shape)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self._forward(shape)
+        self.captures += 1
+        return graph
+
+    def _forward(self, shape: StepShape) -> None:
+        """The step's passes over the buffers' views for ``shape``; drafts into ``buffers.drafts[:Bp, :k]``."""
+        bp, r, k = shape.batch, shape.rows, shape.k
+        f, n, head = self.buffers.fields, shape.batch * shape.rows, self.head
+        seq = {name: f[name][:bp] for name in SEQ_FIELDS}
+        rows = SlotRows(seq["slot"], f["q_pos"][:n].view(bp, r), seq["known_from"], seq["gap_lo"], seq["gap_hi"])
+        attend = _StepAttention(self, f["write_slot"][:n], f["write_pos"][:n], rows, shape.width)
+        hidden = self.buffers.hidden.index_select(0, f["row_src"][:n])  # [Bp * R, fused_hidden_size]
+        out, fed = head(f["ids"][:n], head.combine(hidden), f["write_pos"][:n], attend)
+        out, fed = out.index_select(0, seq["last_row"]), fed.index_select(0, seq["last_row"])  # [Bp, hidden]
+        last_pos, real = seq["last_pos"], seq["last_pos"] >= 0
+        tokens = []
+        for j in range(k):
+            tokens.append(head.greedy(out))  # [Bp] target ids
+            if j + 1 < k:
+                pos = torch.where(real, (last_pos + j + 1).clamp(max=self.max_model_len - 1), self.cache.max_len - 1)
+                rows = SlotRows(seq["slot"], torch.where(real, pos, -1)[:, None], seq["known_from"], seq["gap_lo"],
+                                seq["gap_hi"])
+                out, fed = head(tokens[-1], fed, pos, _StepAttention(self, seq["slot"], pos, rows, shape.width))
+        self.buffers.drafts[:bp, :k].copy_(torch.stack(tokens, dim=1))
+
+
+class _StepAttention:
+    """``AttendFn`` of one fixed-shape pass: write the rows' K/V, then ``slot_attention`` over the cache."""
+
+    def __init__(self, owner: DecodeStep, write_slots: torch.Tensor, write_pos: torch.Tensor, rows: SlotRows,
+                 width: int | None) -> None:
+        self.owner, self.write_slots, self.write_pos, self.rows, self.width = owner, write_slots, write_pos, rows, width
+
+    def __call__(self, layer: int, q, k, v, positions) -> torch.Tensor:  # q [Bp * R, heads, hd] -> [Bp * R, h * hd]
+        o = self.owner
+        o.cache.write(layer, self.write_slots, self.write_pos, k, v)
+        bp, r = self.rows.q_pos.shape
+        out = slot_attention(q.view(bp, r, *q.shape[1:]), o.cache.k[layer], o.cache.v[layer], self.rows,
+                             o.chunks[layer], o.backend, self.width)
+        return out.view(bp * r, -1)
