@@ -17,14 +17,26 @@ then ``--steps`` decode steps are timed, each shipping 2 rows per sequence (one 
 token) and drafting k=3. Contexts stay below Scout's 8192-token attention chunk, so EAGLE-1 attends over all of
 it. On CUDA each step is bracketed by ``torch.cuda.synchronize``. Columns:
 
+- ``kernel``: the attention kernel the engine chose (``actors.drafter.slot_attention``), ``+graphs`` when its decode
+  steps replayed CUDA graphs (``actors.drafter.decode_step``);
 - ``engine``: median ms per step of ``DrafterEngine.draft_tensors`` (hidden states arrive in host memory, as
-  they do from the verifier);
-- ``floor``: the same head's passes for the same rows, attending only to each row itself (no KV cache read or
-  write, no bookkeeping): what a step costs at least;
+  they do from the verifier); ``host``: the part of it before the step's device work was all launched;
+- ``eager floor``: the same head's passes for the same rows, attending only to each row itself (no KV cache read or
+  write, no bookkeeping), launched eagerly; ``graph floor``: the same passes replayed from one CUDA graph, their
+  inputs already on the device (what a step costs at least);
+- ``attention``: the step's attention calls alone (one over 2 rows per sequence, k - 1 over one), the engine's
+  kernel over the same cache, replayed from a CUDA graph; ``attn TB/s``: the K/V bytes they must read over that time;
+- ``roofline``: the bytes a step must read (the weights once per pass, each sequence's cached K/V once per pass) at
+  the device's copy bandwidth, measured in the same run (``# copy bandwidth``, bytes read and written);
+- ``goal``: engine / bound, where the bound is 1.3x the graph floor at batch <= 8 and 1.5x (graph floor +
+  attention) above (issue 43's goals; <= 1.00 meets it);
 - ``recompute``: a plain PyTorch loop without cache reuse, each of the k passes re-running the head over a
   sequence's whole context, one sequence after another (skipped past ``--recompute-max-tokens``);
 - ``KV MiB/seq``: draft KV cache bytes per sequence slot (dense ``[max_len, kv_heads, head_dim]`` per layer, K
   and V); ``KV MiB``: what the cache holds for the batch (the engine's slot cap is the batch).
+
+``--sweep`` also times the attention alone under a few Triton launch settings (``slot_attention.launch_config``), for
+EAGLE-3 at the smallest and largest batch.
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ import torch
 
 from actors.drafter.config import DrafterEngineConfig
 from actors.drafter.engine import DrafterEngine
+from actors.drafter.slot_attention import SlotRows, launch_config, slot_attention
 from actors.eagle.heads import DraftHead
 from actors.eagle.layers import sdpa_attend
 from actors.eagle.spec import HeadSpec, head_spec_from_dict
@@ -153,6 +166,21 @@ def causal_attend(chunk: int | None) -> Callable:
 
 
 @torch.inference_mode()
+def floor_passes(head: DraftHead, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``floor_step``'s passes with every input already on the device (what a CUDA graph replays)."""
+    out, fed = head(ids, head.combine(hidden), positions, self_attend)
+    last = torch.arange(ROWS_PER_DECODE - 1, ids.shape[0], ROWS_PER_DECODE, device=ids.device)
+    out, fed, pos = out[last], fed[last], positions[last]
+    drafts = []
+    for j in range(K):
+        tok = head.greedy(out)
+        drafts.append(tok)
+        if j + 1 < K:
+            out, fed = head(tok, fed, pos + j + 1, self_attend)
+    return torch.stack(drafts, dim=1)
+
+
+@torch.inference_mode()
 def floor_step(head: DraftHead, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """ids [B * 2], hidden [B * 2, fused] (host), positions [B * 2] -> drafts [B, K]: the engine's passes, no cache."""
     device = head.embed_tokens.weight.device
@@ -188,19 +216,84 @@ def recompute_step(head: DraftHead, batch: int, ids: torch.Tensor, hidden: torch
     return torch.stack(drafts).cpu()
 
 
+def graph_timed(device: str, fn: Callable[[], Any], repeats: int) -> float | None:
+    """Median ms of one replay of ``fn`` captured in a CUDA graph (None on a CPU)."""
+    if not device.startswith("cuda"):
+        return None
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return timed(device, graph.replay, repeats)
+
+
+def copy_bandwidth(device: str) -> float | None:
+    """Bytes read plus written per second by a device-to-device copy of 2 GiB (None on a CPU)."""
+    if not device.startswith("cuda"):
+        return None
+    src = torch.empty(2**30, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    ms = timed(device, lambda: dst.copy_(src), 10)
+    return 2 * 2**31 / (ms / 1e3)
+
+
+def step_bytes(head: DraftHead, batch: int, context: int) -> tuple[int, int]:
+    """(weights, K/V) bytes one decode step must read: the weights once per pass (all but the embedding, whose rows
+    are gathered; EAGLE-3's ``fc`` in the context pass only), each sequence's cached K/V once per pass."""
+    spec = head.spec
+    size = head.embed_tokens.weight.element_size()
+    weights = sum(p.numel() for name, p in head.named_parameters() if not name.startswith("embed_tokens")) * size
+    fc = head.fc.weight.numel() * size if spec.method.value == "eagle3" else 0
+    kv_row = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * size  # K and V, one position, all layers
+    keys = sum(context + ROWS_PER_DECODE + j for j in range(K))  # keys each sequence reads, pass by pass
+    return K * weights - (K - 1) * fc, batch * keys * kv_row
+
+
+def attention_alone(engine: DrafterEngine, batch: int, position: int, device: str, repeats: int) -> float | None:
+    """ms of one step's attention calls alone (2 rows per sequence, then k - 1 passes of one), on the engine's cache
+    with its kernel, replayed from a CUDA graph (None on a CPU)."""
+    if not device.startswith("cuda"):
+        return None
+    spec, cache = engine.spec, engine.cache
+    dev = torch.device(device)
+    slots = torch.arange(batch, device=dev)
+    zeros = torch.zeros(batch, dtype=torch.long, device=dev)
+    calls = []
+    for rows in [torch.arange(position, position + ROWS_PER_DECODE)] + [
+            torch.tensor([position + ROWS_PER_DECODE + j]) for j in range(K - 1)]:
+        q_pos = rows.to(dev)[None].expand(batch, -1).contiguous()
+        q = torch.randn(batch, rows.numel(), spec.num_heads, spec.head_dim, dtype=engine.dtype, device=dev)
+        calls.append((q, SlotRows(slots, q_pos, zeros, zeros, zeros)))
+    width = min(cache.max_len, position + ROWS_PER_DECODE + K)
+
+    def run() -> None:
+        for layer in range(spec.num_layers):
+            for q, rows in calls:
+                slot_attention(q, cache.k[layer], cache.v[layer], rows, engine.chunks[layer],
+                               engine.attention_backend, width)
+
+    return graph_timed(device, run, repeats)
+
+
 def measure(method: str, batch: int, context: int, args: argparse.Namespace, device: str, dtype: torch.dtype
-            ) -> dict[str, float | None]:
+            ) -> dict[str, Any]:
     spec = head_spec_from_dict(head_config(method, args.small))
     head = random_head(spec, device, dtype)
     max_len = context + ROWS_PER_DECODE * (args.steps + 2) + K + 1
-    engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=max_len, max_num_seqs=batch), device=device,
-                           dtype=dtype)
+    fixed = {"auto": None, "on": True, "off": False}[args.fixed_shape]
+    engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=max_len, max_num_seqs=batch,
+                                                     fixed_shape_steps=fixed), device=device, dtype=dtype)
     rows = max(args.prefill_rows, context, batch * ROWS_PER_DECODE)
     hidden = host_hidden(rows, spec.fused_hidden_size, dtype)
     fill(engine, batch, context, hidden, args.prefill_rows)
     position = context
-    times = []
-    for i in range(args.steps + 1):  # the first step is a warm-up
+    times, host = [], []
+    for i in range(args.steps + 1):  # the first step is a warm-up (and captures the step's graph)
         step, h = make_step(i, [(f"s{b}", position, ROWS_PER_DECODE) for b in range(batch)], spec.vocab_size, hidden)
         sync(device)
         start = time.perf_counter()
@@ -208,19 +301,37 @@ def measure(method: str, batch: int, context: int, args: argparse.Namespace, dev
         sync(device)
         if i:
             times.append((time.perf_counter() - start) * 1e3)
+            if engine.decode is not None:
+                host.append((engine.decode.launched_at - start) * 1e3)
         position += ROWS_PER_DECODE
     cache = engine.cache
     slot_bytes = sum(t[0].numel() * t[0].element_size() for t in (*cache.k, *cache.v))
-    result: dict[str, float | None] = {
+    graphs = engine.decode is not None and engine.decode.replays > 0
+    result: dict[str, Any] = {
+        "kernel": engine.attention_backend + ("+graphs" if graphs else ""),
         "engine": statistics.median(times),
+        "host": statistics.median(host) if host else None,
         "kv_mib_seq": slot_bytes / 2**20,
         "kv_mib": slot_bytes * cache.num_slots / 2**20,
+        "attention": attention_alone(engine, batch, position, device, args.steps),
     }
+    if args.sweep and device.startswith("cuda") and method == "eagle3" and batch in (min(args.batch), max(args.batch)):
+        result["sweep"] = []
+        default = launch_config()
+        for block_n, warps, stages in SWEEP:
+            launch_config(block_n, warps, stages)
+            result["sweep"].append((block_n, warps, stages, attention_alone(engine, batch, position, device,
+                                                                            args.steps)))
+        launch_config(**default)
     del engine, cache
     step_ids = torch.from_numpy(np.random.randint(0, spec.vocab_size, batch * ROWS_PER_DECODE))
     pos = torch.arange(context, context + ROWS_PER_DECODE).repeat(batch)
     result["floor"] = timed(device, lambda: floor_step(head, step_ids, hidden[: batch * ROWS_PER_DECODE], pos),
                             args.steps)
+    dev_ids, dev_pos = step_ids.to(device), pos.to(device)
+    dev_hidden = hidden[: batch * ROWS_PER_DECODE].to(device)
+    result["graph_floor"] = graph_timed(device, lambda: floor_passes(head, dev_ids, dev_hidden, dev_pos), args.steps)
+    result["weight_bytes"], result["kv_bytes"] = step_bytes(head, batch, context)
     result["recompute"] = None
     if batch * context <= args.recompute_max_tokens:
         ctx_ids = torch.from_numpy(np.random.randint(0, spec.vocab_size, context)).to(device)
@@ -228,6 +339,26 @@ def measure(method: str, batch: int, context: int, args: argparse.Namespace, dev
         result["recompute"] = timed(device, lambda: recompute_step(head, batch, ctx_ids, ctx_hidden),
                                     args.recompute_repeats)
     return result
+
+
+SWEEP = [(32, 4, 3), (64, 4, 3), (64, 8, 3), (128, 4, 2)]  # (block_n, warps, stages)
+
+
+def row(method: str, batch: int, context: int, r: dict[str, Any], bandwidth: float | None) -> str:
+    """One table row (``main``'s header names the columns)."""
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    floor = r["graph_floor"] or r["floor"]
+    bound = 1.3 * floor if batch <= 8 else 1.5 * (floor + (r["attention"] or 0.0))
+    tbs = r["kv_bytes"] / (r["attention"] / 1e3) / 1e12 if r["attention"] else None
+    roof = (r["weight_bytes"] + r["kv_bytes"]) / bandwidth * 1e3 if bandwidth else None
+    return " | ".join([
+        method, str(batch), str(context), r["kernel"], ms(r["engine"]), ms(r["host"]), ms(r["floor"]),
+        ms(r["graph_floor"]), ms(r["attention"]), "-" if tbs is None else f"{tbs:.2f}", ms(roof),
+        ms(r["recompute"]), f"{r['engine'] / floor:.2f}", f"{r['engine'] / bound:.2f}", f"{r['kv_mib_seq']:.4g}",
+        f"{r['kv_mib']:.4g}",
+    ])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -243,6 +374,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prefill-rows", type=int, default=16384, help="rows per prefill step")
     p.add_argument("--recompute-max-tokens", type=int, default=262144, help="skip recompute past batch x context")
     p.add_argument("--recompute-repeats", type=int, default=2)
+    p.add_argument("--fixed-shape", choices=["auto", "on", "off"], default="auto",
+                   help="decode steps on fixed-shape buffers (actors.drafter.decode_step); auto: on CUDA only")
+    p.add_argument("--sweep", action="store_true", help="also time the attention under a few Triton launch settings")
     args = p.parse_args(argv)
     args.batch = args.batch or ([1, 4] if args.small else [1, 8, 32, 64, 128])
     args.context = args.context or ([32, 96] if args.small else [1024, 8000])
@@ -255,18 +389,27 @@ def main(argv: list[str] | None = None) -> None:
     np.random.seed(0)
     torch.manual_seed(0)
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+    bandwidth = copy_bandwidth(device)
     print(f"# drafter_device: {name}, {str(dtype).removeprefix('torch.')}, torch {torch.__version__}, k={K}, "
           f"{'small' if args.small else 'Scout'} shapes, {args.steps} timed steps")
-    print("head | batch | context | engine ms/step | floor ms | recompute ms | engine/floor | KV MiB/seq | KV MiB")
+    if bandwidth:
+        print(f"# copy bandwidth: {bandwidth / 1e12:.2f} TB/s (bytes read and written)")
+    print("head | batch | context | kernel | engine ms | host ms | eager floor ms | graph floor ms | attention ms | "
+          "attn TB/s | roofline ms | recompute ms | engine/floor | goal | KV MiB/seq | KV MiB")
+    sweeps = []
     for method in args.heads:
         for context in args.context:
             for batch in args.batch:
-                r = measure(method, batch, context, args, device, dtype)
+                with torch.inference_mode():
+                    r = measure(method, batch, context, args, device, dtype)
                 if device.startswith("cuda"):
                     torch.cuda.empty_cache()  # the last configuration's head and cache are gone: hand memory back
-                rec = f"{r['recompute']:.2f}" if r["recompute"] is not None else "-"
-                print(f"{method} | {batch} | {context} | {r['engine']:.2f} | {r['floor']:.2f} | {rec} | "
-                      f"{r['engine'] / r['floor']:.1f} | {r['kv_mib_seq']:.4g} | {r['kv_mib']:.4g}", flush=True)
+                print(row(method, batch, context, r, bandwidth), flush=True)
+                sweeps += [(method, batch, context, *s) for s in r.get("sweep", [])]
+    if sweeps:
+        print("sweep: head | batch | context | block_n | warps | stages | attention ms")
+        for method, batch, context, block_n, warps, stages, ms in sweeps:
+            print(f"sweep: {method} | {batch} | {context} | {block_n} | {warps} | {stages} | {ms:.3f}")
 
 
 if __name__ == "__main__":

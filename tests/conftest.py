@@ -1,19 +1,30 @@
 """Shared fixtures: tiny random checkpoints in vLLM's layouts; the shipped models' paths are the harness's
-(``cluster.harness``), named here too for the tests."""
+(``cluster.harness``), named here too for the tests.
+
+Collecting needs only torch: on a machine without the cluster's packages (the GPU machine has no Ray, vLLM or
+pydantic) the ``gpu`` tests and the drafter's own tests still collect and run; the model paths are then unset."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
+from actors.drafter.slot_attention import import_triton_for_interpreter
 from cluster import serve_env
-from cluster.config import PROJECT_ROOT
-from cluster.harness import EAGLE1, EAGLE1_3L, EAGLE3, MODELS, TARGET
 
-# The product's Serve defaults (the HAProxy ingress) for every Ray a test starts; nothing above imports Ray.
+if not torch.cuda.is_available():  # the drafter's Triton kernel is tested on a CPU through Triton's interpreter
+    import_triton_for_interpreter()
+
+# The product's Serve defaults (the HAProxy ingress) for every Ray a test starts; nothing here imports Ray.
 serve_env.apply()
 
-ROOT = PROJECT_ROOT
+ROOT = Path(__file__).resolve().parent.parent
+try:
+    from cluster.harness import EAGLE1, EAGLE1_3L, EAGLE3, MODELS, TARGET
+except ImportError:  # no pydantic / Ray here: only the tests that need neither can run
+    EAGLE1 = EAGLE1_3L = EAGLE3 = MODELS = TARGET = None
 __all__ = ["EAGLE1", "EAGLE1_3L", "EAGLE3", "MODELS", "ROOT", "TARGET", "toy_target_spec"]
 
 

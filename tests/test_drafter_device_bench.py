@@ -16,7 +16,8 @@ RUN = (
     "import runpy, sys\n"
     f"for name in {ABSENT!r}:\n"
     "    sys.modules[name] = None\n"
-    "sys.argv = ['drafter_device', '--small', '--steps', '2', '--batch', '1', '3', '--context', '16']\n"
+    "sys.argv = ['drafter_device', '--small', '--steps', '2', '--batch', '1', '3', '--context', '16', "
+    "'--fixed-shape', 'on']\n"
     "runpy.run_module('benchmarks.drafter_device', run_name='__main__')\n"
 )
 
@@ -26,8 +27,13 @@ def test_small_mode_prints_figures_without_vllm_or_ray():
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [line.split(" | ") for line in out.stdout.splitlines() if line.startswith("eagle")]
     assert [(r[0], r[1], r[2]) for r in rows] == [(h, b, "16") for h in ("eagle", "eagle3") for b in ("1", "3")]
-    for _, batch, _, engine, floor, recompute, ratio, kv_seq, kv in rows:
-        assert min(float(engine), float(floor), float(recompute), float(ratio)) > 0
+    for row in rows:
+        _, batch, _, kernel, engine, host, floor, graph_floor, attention, tbs, roofline, recompute, ratio, goal = row[:14]
+        kv_seq, kv = row[14:]
+        assert kernel == "torch"  # a CPU: torch's attention, no graphs
+        assert min(float(engine), float(host), float(floor), float(recompute), float(ratio), float(goal)) > 0
+        assert float(host) <= float(engine)
+        assert graph_floor == attention == tbs == roofline == "-"  # CUDA-only columns
         # Dense per slot: 1 layer x (K, V) x max_len x 2 KV heads x head dim 16 x 4 bytes (float32 on a CPU), where
         # max_len = context 16 + 2 rows x (2 timed + 2) steps + k 3 + 1, plus the cache's one spare position.
         assert float(kv_seq) == pytest.approx(2 * (16 + 2 * 4 + 3 + 1 + 1) * 2 * 16 * 4 / 2**20, rel=1e-3)

@@ -28,6 +28,7 @@ in place. They hold the cache's tensors, so a cache that reallocates drops them 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,7 +104,8 @@ class DecodeStep:
         self.graphs: dict[StepShape, torch.cuda.CUDAGraph] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self._generation = cache.generation
-        self.captures = self.replays = 0  # graphs captured, steps replayed (tests and the device check read them)
+        self.steps = self.captures = self.replays = 0  # steps run, graphs captured, steps replayed (tests read them)
+        self.launched_at = 0.0  # perf_counter when the last step's device work was all launched
 
     def accepts(self, step: DraftStep) -> bool:
         """Whether this step is a decode step it can run: 1 <= k <= max_k, no images, at most ``max_batch``
@@ -128,15 +130,17 @@ class DecodeStep:
         slots: torch.Tensor,  # [B] each sequence's cache slot (claimed by the engine)
     ) -> tuple[torch.Tensor, torch.Tensor]:  # ([B, k] target ids, [B] each sequence's last real position), CPU
         shape = self.shape_of(step)
+        self.steps += 1
         last_pos = self._pack(step, slots, shape)
         self._stage_hidden(hidden)
         if self.use_graphs:
             self._replay(shape)
         else:
             self._forward(shape)
+        self.launched_at = time.perf_counter()  # the host's part of the step ends here (the device check reads it)
         num_seqs, k, buf = len(step.seqs), shape.k, self.buffers
         if self.device.type == "cuda":
-            buf.drafts_host[:num_seqs, :k].copy_(buf.drafts[:num_seqs, :k], non_blocking=True)
+            buf.drafts_host[:num_seqs].copy_(buf.drafts[:num_seqs], non_blocking=True)  # whole rows: one copy
             torch.cuda.current_stream(self.device).synchronize()
             return buf.drafts_host[:num_seqs, :k].clone(), last_pos
         return buf.drafts[:num_seqs, :k].clone(), last_pos

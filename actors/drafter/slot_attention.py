@@ -16,7 +16,7 @@ and 0 elsewhere. A row at position -1 is padding: it sees nothing and its output
 
 Two backends, chosen once per engine (``choose_backend``):
 
-- ``triton`` (CUDA; also runs on a CPU under ``TRITON_INTERPRET=1``, which the tests use): split-KV flash decoding.
+- ``triton`` (CUDA; on a CPU Triton's interpreter runs it, which the tests use): split-KV flash decoding.
   One program per (sequence and tile of its query rows, KV head, split of the key range); all query heads of a KV
   head's group and all of a sequence's rows in the tile share each K/V tile it loads, so the cache is read once per
   pass. The split count is fixed per batch size (never per context), so a captured graph replays at any length;
@@ -28,8 +28,12 @@ Two backends, chosen once per engine (``choose_backend``):
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import os
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -127,6 +131,7 @@ def launch_config(block_n: int | None = None, num_warps: int | None = None, num_
     return dict(_LAUNCH)
 
 
+@functools.cache
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -152,41 +157,66 @@ def _triton_attention(q, cache_k, cache_v, rows: SlotRows, chunk: int | None) ->
     out = torch.empty(num_seqs * tiles, kv_heads, splits, block_m, block_d, dtype=torch.float32, device=q.device)
     lse = torch.empty(num_seqs * tiles, kv_heads, splits, block_m, dtype=torch.float32, device=q.device)
     q_pos = rows.q_pos.contiguous()
-    _kernel()[(num_seqs * tiles, kv_heads, splits)](
-        q, cache_k, cache_v, out, lse, rows.slots, q_pos, rows.known_from, rows.gap_lo, rows.gap_hi,
-        q.stride(0), q.stride(1), q.stride(2),
-        cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
-        cache_v.stride(0), cache_v.stride(1), cache_v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2), out.stride(3),
-        lse.stride(0), lse.stride(1), lse.stride(2),
-        num_rows, tiles, 1 / math.sqrt(head_dim),
-        GROUP=group, TILE_ROWS=tile_rows, BLOCK_M=block_m, BLOCK_N=_LAUNCH["block_n"], HEAD_DIM=head_dim,
-        BLOCK_D=block_d, CHUNK=chunk or 0, NUM_SPLITS=splits, IEEE=q.dtype == torch.float32,
-        num_warps=_LAUNCH["num_warps"], num_stages=_LAUNCH["num_stages"],
-    )
-    if splits == 1:
-        merged = out[:, :, 0]  # [B * tiles, kv_heads, block_m, block_d]
-    else:  # each split's output is normalised by its own softmax sum: weight it by exp(lse - max lse)
-        top = lse.amax(dim=2, keepdim=True)
-        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-        weight = torch.exp(lse - top)  # [B * tiles, kv_heads, splits, block_m]; an empty split weighs 0
-        total = weight.sum(dim=2)
-        merged = (out * weight[..., None]).sum(dim=2) / total.clamp_min(1e-30)[..., None]
-    # program rows m = r * group + g hold query row (tile * tile_rows + r), head (kv_head * group + g)
-    merged = merged[:, :, : tile_rows * group, :head_dim].view(num_seqs, tiles, kv_heads, tile_rows, group, head_dim)
-    merged = merged.permute(0, 1, 3, 2, 4, 5).reshape(num_seqs, tiles * tile_rows, num_heads * head_dim)
-    return merged[:, :num_rows].to(q.dtype)
+    attention_kernel, merge_kernel = _kernels(q.device.type == "cpu")
+    with _interpreted(q.device.type == "cpu"):
+        attention_kernel[(num_seqs * tiles, kv_heads, splits)](
+            q, cache_k, cache_v, out, lse, rows.slots, q_pos, rows.known_from, rows.gap_lo, rows.gap_hi,
+            q.stride(0), q.stride(1), q.stride(2),
+            cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
+            cache_v.stride(0), cache_v.stride(1), cache_v.stride(2),
+            out.stride(0), out.stride(1), out.stride(2), out.stride(3),
+            lse.stride(0), lse.stride(1), lse.stride(2),
+            num_rows, tiles, 1 / math.sqrt(head_dim),
+            GROUP=group, TILE_ROWS=tile_rows, BLOCK_M=block_m, BLOCK_N=_LAUNCH["block_n"], HEAD_DIM=head_dim,
+            BLOCK_D=block_d, CHUNK=chunk or 0, NUM_SPLITS=splits, IEEE=q.dtype == torch.float32,
+            num_warps=_LAUNCH["num_warps"], num_stages=_LAUNCH["num_stages"],
+        )
+        merged = torch.empty(num_seqs, num_rows, num_heads * head_dim, dtype=q.dtype, device=q.device)
+        merge_kernel[(num_seqs * tiles, kv_heads)](
+            out, lse, merged,
+            out.stride(0), out.stride(1), out.stride(2), out.stride(3),
+            lse.stride(0), lse.stride(1), lse.stride(2),
+            merged.stride(0), merged.stride(1),
+            num_rows, tiles,
+            GROUP=group, TILE_ROWS=tile_rows, BLOCK_M=block_m, HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=splits,
+        )
+    return merged
 
 
-_KERNEL = None
+def import_triton_for_interpreter() -> None:
+    """Import Triton with its interpreter on, then turn it off again: Triton defines its standard library
+    (``tl.max``, ``tl.sum``, ...) in the mode it is first imported in, and the interpreter can only call functions
+    defined for it. A process that runs this kernel on a CPU (the tests) calls this before anything imports Triton
+    (vLLM does); kernels it defines afterwards are compiled or interpreted as ``_interpreted`` says."""
+    if "triton" in sys.modules:
+        return
+    with _interpreted(True):
+        import triton.language  # noqa: F401
 
 
-def _kernel():
-    """The jitted kernel, defined on first use (Triton is imported only where it runs)."""
-    global _KERNEL
-    if _KERNEL is None:
-        _KERNEL = _define_kernel()
-    return _KERNEL
+@contextlib.contextmanager
+def _interpreted(interpret: bool) -> Iterator[None]:
+    """Tensors on a CPU go through Triton's interpreter: ``TRITON_INTERPRET``, which Triton reads as it defines a
+    kernel and as the interpreter launches one, is set for that long only."""
+    if not interpret:
+        yield
+        return
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+@functools.cache
+def _kernels(interpret: bool):
+    """(attention, merge) kernels, defined on first use (Triton is imported only where it runs)."""
+    with _interpreted(interpret):
+        return _define_kernel(), _define_merge_kernel()
 
 
 def _define_kernel():
@@ -274,3 +304,46 @@ def _define_kernel():
         tl.store(Lse + pid * l_stride_t + kv_head * l_stride_h + split * l_stride_s + m, lse)
 
     return slot_attention_kernel
+
+
+def _define_merge_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def merge_kernel(
+        Out, Lse, Merged,
+        o_stride_t, o_stride_h, o_stride_s, o_stride_m,
+        l_stride_t, l_stride_h, l_stride_s,
+        m_stride_b, m_stride_r,
+        num_rows, tiles,
+        GROUP: tl.constexpr, TILE_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+        BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    ):
+        """Each split's output is normalised by its own softmax sum: weight it by exp(lse - the largest lse), then
+        write program row m = r * GROUP + g as query row (tile * TILE_ROWS + r), head (kv_head * GROUP + g)."""
+        pid = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        m = tl.arange(0, BLOCK_M)
+        d = tl.arange(0, BLOCK_D)
+        lse_ptr = Lse + pid * l_stride_t + kv_head * l_stride_h
+        top = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        for s in range(NUM_SPLITS):
+            top = tl.maximum(top, tl.load(lse_ptr + s * l_stride_s + m))
+        top = tl.where(top == float("-inf"), 0.0, top)
+        total = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        o_ptr = Out + pid * o_stride_t + kv_head * o_stride_h + m[:, None] * o_stride_m + d[None, :]
+        for s in range(NUM_SPLITS):
+            weight = tl.exp(tl.load(lse_ptr + s * l_stride_s + m) - top)  # an empty split weighs 0
+            total += weight
+            acc += weight[:, None] * tl.load(o_ptr + s * o_stride_s)
+        acc = acc / tl.where(total > 0, total, 1.0)[:, None]
+        b = pid // tiles
+        row = (pid % tiles) * TILE_ROWS + m // GROUP
+        head = kv_head * GROUP + m % GROUP
+        ok = (m < TILE_ROWS * GROUP) & (row < num_rows)
+        ptr = Merged + b * m_stride_b + row[:, None] * m_stride_r + head[:, None] * HEAD_DIM + d[None, :]
+        tl.store(ptr, acc.to(Merged.dtype.element_ty), mask=ok[:, None] & (d < HEAD_DIM)[None, :])
+
+    return merge_kernel

@@ -1,73 +1,71 @@
-"""The drafter engine on CUDA drafts what it drafts on the CPU (synchronous and asynchronous drafting). Marked
-``gpu`` and skipped without one; the engine's logic itself is checked on the CPU in ``test_drafter_engine``.
+"""The drafter engine on CUDA drafts what it drafts on the CPU. Marked ``gpu`` and skipped without one; the same
+logic runs on the CPU in ``test_decode_step`` (fixed-shape steps, either attention backend) and
+``test_slot_attention`` (the Triton kernel through Triton's interpreter).
 
-Needs only torch, numpy and msgpack (the GPU machine has no transformers or safetensors): the head is built from
-a config dict with random weights, not from files."""
+On CUDA the engine's defaults are the fast path: decode steps on fixed-shape buffers replayed from CUDA graphs, the
+Triton kernel over the cache in place. Each case of ``scenarios.STEPS`` (shuffled batches, a chunk crossed, a prefix
+hit, a gap, a re-homed sequence, a restart, rows past ``max_model_len``) drafts the same, synchronous and pipelined.
+Needs only torch, triton, numpy and msgpack (the GPU machine has no Ray, vLLM or transformers)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from actors.drafter.branches import BranchConfig
-from actors.drafter.config import DrafterEngineConfig
-from actors.drafter.engine import DrafterEngine
-from actors.eagle.heads import DraftHead
-from actors.eagle.spec import head_spec_from_dict
-from actors.messages import DraftStep, SeqSlice
+from actors.drafter.slot_attention import SlotRows, slot_attention
+from tests.actors.drafter import scenarios
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=300,
-            intermediate_size=96, num_hidden_layers=1, rope_parameters={"rope_type": "default", "rope_theta": 5e5})
-CONFIGS = {
-    "eagle": dict(TINY, architectures=["EagleLlama4ForCausalLM"], no_rope_layers=[1], use_qk_norm=True,
-                  attention_chunk_size=8),
-    "eagle3": dict(TINY, architectures=["Eagle3LlamaForCausalLM"], draft_vocab_size=128, target_hidden_size=64,
-                   eagle_aux_hidden_state_layer_ids=[1, 2, 3]),
-}
+METHODS = ["eagle", "eagle3"]
 
 
-def random_head(method: str) -> DraftHead:
-    torch.manual_seed(0)
-    head = DraftHead(head_spec_from_dict(CONFIGS[method]))
-    with torch.no_grad():
-        for p in head.parameters():
-            if p.ndim >= 2:
-                torch.nn.init.normal_(p, std=0.2)
-        if method == "eagle3":
-            head.d2t.copy_(torch.randperm(300)[:128].sort().values - torch.arange(128))
-    return head
+@pytest.mark.parametrize("method", METHODS)
+def test_cuda_graph_steps_draft_what_the_cpu_drafts(method):
+    got, engine = scenarios.run("cuda", method)
+    want, _ = scenarios.run("cpu", method)
+    assert got == want
+    assert engine.attention_backend == "triton"
+    assert engine.decode.replays == len(scenarios.STEPS) - 1 and engine.decode.captures >= 1
 
 
-def steps(width: int) -> list[tuple[DraftStep, torch.Tensor]]:
-    """A prefill of three sequences (one crossing an attention chunk), then a decode step of two of them."""
-    g = torch.Generator().manual_seed(0)
-    out, seqs = [], [[("a", 0, 5), ("b", 0, 11), ("c", 0, 1)], [("b", 11, 2), ("a", 5, 3)]]
-    for i, step_seqs in enumerate(seqs):
-        slices, off = [], 0
-        for rid, pos, n in step_seqs:
-            slices.append(SeqSlice(rid, off, n, pos))
-            off += n
-        ids = torch.randint(0, 300, (off,), generator=g).numpy().astype(np.int32)
-        out.append((DraftStep(i, 3, slices, ids), torch.randn(off, width, generator=g)))
-    return out
+@pytest.mark.parametrize("method", METHODS)
+def test_pipelined_drafting_on_cuda_drafts_what_the_cpu_drafts(method):
+    branches = BranchConfig(bonus_fanout=2, recovered_fanout=1)
+    assert scenarios.run("cuda", method, branches)[0] == scenarios.run("cpu", method, branches)[0]
 
 
-def drafts_on(device: str, method: str, branches: BranchConfig | None) -> list[tuple[list, dict]]:
-    """Per step: (drafts, the branch table's drafts by sequence) of an engine on ``device``."""
-    engine = DrafterEngine(random_head(method), DrafterEngineConfig(max_model_len=64, branches=branches), device=device)
-    assert engine.cache.k[0].device.type == engine.head.fc.weight.device.type == device
-    out = []
-    for step, hidden in steps(engine.spec.fused_hidden_size):
-        drafts = engine.draft_tensors(step, hidden).drafts.tolist()
-        table = engine.after_step() if branches is not None else {}
-        out.append((drafts, {rid: entry.drafts for rid, entry in table.items()}))
-    return out
+@pytest.mark.parametrize("method", METHODS)
+def test_graph_replay_equals_eager_on_the_same_backend(method):
+    replayed, engine = scenarios.run("cuda", method)
+    eager, eager_engine = scenarios.run("cuda", method, enforce_eager=True)
+    assert replayed == eager
+    assert engine.decode.replays > 0 and eager_engine.decode.replays == 0 and eager_engine.decode.steps > 0
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
-@pytest.mark.parametrize("branches", [None, BranchConfig(bonus_fanout=2, recovered_fanout=1)], ids=["sync", "async"])
-def test_cuda_drafts_equal_cpu_drafts(method, branches):
-    assert drafts_on("cuda", method, branches) == drafts_on("cpu", method, branches)
+@pytest.mark.parametrize("method", METHODS)
+def test_bfloat16_graph_replay_equals_eager(method):
+    """In the published heads' dtype: replay and eager run the same kernels on the same inputs."""
+    def run(**config):
+        engine = scenarios.make_engine("cuda", method, **config)
+        engine = type(engine)(scenarios.random_head(method), engine.config, device="cuda", dtype=torch.bfloat16)
+        return [engine.draft_tensors(step, hidden).drafts.tolist()
+                for step, hidden in scenarios.steps(engine.spec.fused_hidden_size)]
+
+    assert run() == run(enforce_eager=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk", [None, 64])
+def test_triton_kernel_equals_torch_backend_on_cuda(dtype, chunk):
+    """Scout's head shape (40 query heads over 8 KV heads, dim 128), 3 sequences of 4 rows past a chunk boundary."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    k, v = (torch.randn(4, 300, 8, 128, generator=g, device="cuda", dtype=dtype) for _ in range(2))
+    q = torch.randn(3, 4, 40, 128, generator=g, device="cuda", dtype=dtype)
+    q_pos = torch.tensor([[60, 61, 62, 63], [250, 251, -1, -1], [5, 6, 7, 8]], device="cuda")
+    rows = SlotRows(torch.tensor([2, 0, 3], device="cuda"), q_pos, torch.tensor([0, 100, 0], device="cuda"),
+                    torch.tensor([10, 0, 0], device="cuda"), torch.tensor([30, 0, 0], device="cuda"))
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(slot_attention(q, k, v, rows, chunk, "triton"),
+                               slot_attention(q, k, v, rows, chunk, "torch"), atol=tol, rtol=tol)
