@@ -292,7 +292,7 @@ def measure(method: str, batch: int, context: int, args: argparse.Namespace, dev
     hidden = host_hidden(rows, spec.fused_hidden_size, dtype)
     fill(engine, batch, context, hidden, args.prefill_rows)
     position = context
-    times, host = [], []
+    times, host, bookkeeping = [], [], []
     for i in range(args.steps + 1):  # the first step is a warm-up (and captures the step's graph)
         step, h = make_step(i, [(f"s{b}", position, ROWS_PER_DECODE) for b in range(batch)], spec.vocab_size, hidden)
         sync(device)
@@ -303,6 +303,7 @@ def measure(method: str, batch: int, context: int, args: argparse.Namespace, dev
             times.append((time.perf_counter() - start) * 1e3)
             if engine.decode is not None:
                 host.append((engine.decode.launched_at - start) * 1e3)
+                bookkeeping.append((engine.decode.started_at - start) * 1e3)
         position += ROWS_PER_DECODE
     cache = engine.cache
     slot_bytes = sum(t[0].numel() * t[0].element_size() for t in (*cache.k, *cache.v))
@@ -311,6 +312,7 @@ def measure(method: str, batch: int, context: int, args: argparse.Namespace, dev
         "kernel": engine.attention_backend + ("+graphs" if graphs else ""),
         "engine": statistics.median(times),
         "host": statistics.median(host) if host else None,
+        "bookkeeping": statistics.median(bookkeeping) if bookkeeping else None,
         "kv_mib_seq": slot_bytes / 2**20,
         "kv_mib": slot_bytes * cache.num_slots / 2**20,
         "attention": attention_alone(engine, batch, position, device, args.steps),
@@ -396,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"# copy bandwidth: {bandwidth / 1e12:.2f} TB/s (bytes read and written)")
     print("head | batch | context | kernel | engine ms | host ms | eager floor ms | graph floor ms | attention ms | "
           "attn TB/s | roofline ms | recompute ms | engine/floor | goal | KV MiB/seq | KV MiB")
-    sweeps = []
+    sweeps, splits = [], []
     for method in args.heads:
         for context in args.context:
             for batch in args.batch:
@@ -406,6 +408,12 @@ def main(argv: list[str] | None = None) -> None:
                     torch.cuda.empty_cache()  # the last configuration's head and cache are gone: hand memory back
                 print(row(method, batch, context, r, bandwidth), flush=True)
                 sweeps += [(method, batch, context, *s) for s in r.get("sweep", [])]
+                if r["bookkeeping"] is not None:
+                    splits.append(f"host: {method} | {batch} | {context} | {r['bookkeeping']:.3f} | "
+                                  f"{r['host'] - r['bookkeeping']:.3f}")
+    if splits:
+        print("host: head | batch | context | engine bookkeeping ms | fixed-shape step's pack, copies, launch ms")
+        print("\n".join(splits))
     if sweeps:
         print("sweep: head | batch | context | block_n | warps | stages | attention ms")
         for method, batch, context, block_n, warps, stages, ms in sweeps:

@@ -105,7 +105,8 @@ class DecodeStep:
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self._generation = cache.generation
         self.steps = self.captures = self.replays = 0  # steps run, graphs captured, steps replayed (tests read them)
-        self.launched_at = 0.0  # perf_counter when the last step's device work was all launched
+        self.started_at = self.launched_at = 0.0  # perf_counter as the last step came in, and once its device work
+        #                                           was all launched (the device check reads them)
 
     def accepts(self, step: DraftStep) -> bool:
         """Whether this step is a decode step it can run: 1 <= k <= max_k, no images, at most ``max_batch``
@@ -129,6 +130,7 @@ class DecodeStep:
         hidden: torch.Tensor,  # [N, fused_hidden_size] on the host
         slots: torch.Tensor,  # [B] each sequence's cache slot (claimed by the engine)
     ) -> tuple[torch.Tensor, torch.Tensor]:  # ([B, k] target ids, [B] each sequence's last real position), CPU
+        self.started_at = time.perf_counter()
         shape = self.shape_of(step)
         self.steps += 1
         last_pos = self._pack(step, slots, shape)
