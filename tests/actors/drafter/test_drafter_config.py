@@ -26,7 +26,8 @@ def test_defaults():
     ("max_model_len", 0), ("max_num_seqs", 0), ("kv_cache_gib", 0), ("kv_cache_free_fraction", 0),
     ("kv_cache_free_fraction", 1.5), ("prefix_cache_fraction", 1.0), ("prefix_cache_fraction", -0.1),
     ("idle_slot_ttl_s", 0), ("max_k", 0), ("max_k", MAX_SPECULATIVE_TOKENS + 1),
-    ("branches", {"bonus_fanout": 2}),
+    ("branches", {"bonus_fanout": 2}), ("fixed_shape_steps", "yes"), ("enforce_eager", 1),
+    ("cuda_graph_max_batch", 0), ("cuda_graph_max_batch", 2048),
 ])
 def test_engine_config_errors_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
