@@ -123,8 +123,9 @@ def make_parser() -> argparse.ArgumentParser:
             if name in exclude:
                 continue
             flags = [*extra.get(name, []), prefix + name.replace("_", "-")]
+            text = f"{section} {name}: {field.description or ''}".rstrip(": ")
             group.add_argument(*flags, dest=f"{section}{DEST_SEP}{name}", type=_yaml_value, default=argparse.SUPPRESS,
-                               metavar="YAML", help=f"{section} {name}: {field.description or ''}".rstrip(": "))
+                               metavar="YAML", help=text.replace("%", "%%"))  # argparse %-formats help text
     return parser
 
 

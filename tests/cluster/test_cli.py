@@ -159,3 +159,19 @@ def test_without_write_config_it_runs_serve_run_or_deploy(monkeypatch):
 def test_console_script_entry():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["eagle-cluster"] == "cluster.cli:main"
+
+
+def test_help_lists_every_group_and_each_group_prints(parser, capsys):
+    """``--help`` lists the groups (vLLM's way); ``--help=all`` and ``--help=GROUP`` print them, the cluster's group
+    included, whose help texts hold a ``%`` (argparse formats help text with ``%``)."""
+    groups = [g.title for g in parser._action_groups if g.title and g._group_actions]
+    assert "eagle-cluster" in groups
+    for arg in ["--help", "--help=all", *(f"--help={title}" for title in groups)]:
+        with pytest.raises(SystemExit) as stop:
+            parser.parse_args([arg])
+        out = capsys.readouterr().out
+        assert stop.value.code == 0, arg
+        assert out.strip(), arg
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help=eagle-cluster"])
+    assert "--drafter-num-gpus" in capsys.readouterr().out
