@@ -35,8 +35,10 @@ it. On CUDA each step is bracketed by ``torch.cuda.synchronize``. Columns:
 - ``KV MiB/seq``: draft KV cache bytes per sequence slot (dense ``[max_len, kv_heads, head_dim]`` per layer, K
   and V); ``KV MiB``: what the cache holds for the batch (the engine's slot cap is the batch).
 
-``--sweep`` also times the attention alone under a few Triton launch settings (``slot_attention.launch_config``), for
-EAGLE-3 at the smallest and largest batch.
+``--branches`` also times pipelined drafting at the smallest context: the step's answer, the work after it
+(``after_step``) and the branch passes inside it (``actors.drafter.branch_passes``), with the branch rows a step
+drafted. ``--sweep`` also times the attention alone under a few Triton launch settings
+(``slot_attention.launch_config``), for EAGLE-3 at the smallest and largest batch.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from actors.drafter.branches import BranchConfig
 from actors.drafter.config import DrafterEngineConfig
 from actors.drafter.engine import DrafterEngine
 from actors.drafter.slot_attention import SlotRows, launch_config, slot_attention
@@ -307,7 +310,7 @@ def measure(method: str, batch: int, context: int, args: argparse.Namespace, dev
         position += ROWS_PER_DECODE
     cache = engine.cache
     slot_bytes = sum(t[0].numel() * t[0].element_size() for t in (*cache.k, *cache.v))
-    graphs = engine.decode is not None and engine.decode.replays > 0
+    graphs = engine.decode is not None and engine.decode.graphs is not None and engine.decode.graphs.replays > 0
     result: dict[str, Any] = {
         "kernel": engine.attention_backend + ("+graphs" if graphs else ""),
         "engine": statistics.median(times),
@@ -341,6 +344,55 @@ def measure(method: str, batch: int, context: int, args: argparse.Namespace, dev
         result["recompute"] = timed(device, lambda: recompute_step(head, batch, ctx_ids, ctx_hidden),
                                     args.recompute_repeats)
     return result
+
+
+def measure_branches(method: str, batch: int, context: int, args: argparse.Namespace, device: str,
+                     dtype: torch.dtype) -> dict[str, Any]:
+    """Pipelined drafting (``actors.drafter.branches``): ms of the step's answer (``draft_tensors``), of the work
+    after it (``after_step``) and of the branch passes inside that, median over ``--steps`` steps, each sequence
+    with up to 2 + k branches (a fan-out of 2 bonus guesses and one recovered guess per position, at most 128 rows)."""
+    spec = head_spec_from_dict(head_config(method, args.small))
+    head = random_head(spec, device, dtype)
+    max_len = context + ROWS_PER_DECODE * (args.steps + 2) + 2 * K + 1
+    config = DrafterEngineConfig(max_model_len=max_len, max_num_seqs=batch,
+                                 fixed_shape_steps={"auto": None, "on": True, "off": False}[args.fixed_shape],
+                                 branches=BranchConfig(bonus_fanout=2, recovered_fanout=1, max_branch_rows=128))
+    engine = DrafterEngine(head, config, device=device, dtype=dtype)
+    hidden = host_hidden(max(args.prefill_rows, context, batch * ROWS_PER_DECODE), spec.fused_hidden_size, dtype)
+    fill(engine, batch, context, hidden, args.prefill_rows)
+    engine.after_step()
+    passes = engine.branch_passes
+    inner: list[float] = []
+    if passes is not None:
+        run = passes.run
+
+        def timed_run(*a, **kw):
+            sync(device)
+            start = time.perf_counter()
+            out = run(*a, **kw)
+            inner.append((time.perf_counter() - start) * 1e3)
+            return out
+
+        passes.run = timed_run
+    answer, after, rows, position = [], [], [], context
+    for i in range(args.steps + 1):
+        step, h = make_step(i, [(f"s{b}", position, ROWS_PER_DECODE) for b in range(batch)], spec.vocab_size, hidden)
+        sync(device)
+        start = time.perf_counter()
+        engine.draft_tensors(step, h)
+        sync(device)
+        middle = time.perf_counter()
+        made = engine.after_step()
+        sync(device)
+        if i:
+            answer.append((middle - start) * 1e3)
+            after.append((time.perf_counter() - middle) * 1e3)
+            rows.append(sum(len(entry.drafts) for entry in made.values()))
+        position += ROWS_PER_DECODE
+    graphs = passes is not None and passes.graphs is not None and passes.graphs.replays > 0
+    return {"rows": statistics.median(rows), "answer": statistics.median(answer), "after": statistics.median(after),
+            "passes": statistics.median(inner[1:]) if len(inner) > 1 else None,
+            "kernel": engine.attention_backend + ("+graphs" if graphs else "")}
 
 
 SWEEP = [(32, 4, 3), (64, 4, 3), (64, 8, 3), (128, 4, 2)]  # (block_n, warps, stages)
@@ -378,6 +430,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--recompute-repeats", type=int, default=2)
     p.add_argument("--fixed-shape", choices=["auto", "on", "off"], default="auto",
                    help="decode steps on fixed-shape buffers (actors.drafter.decode_step); auto: on CUDA only")
+    p.add_argument("--branches", action="store_true",
+                   help="also time pipelined drafting's steps and branch passes (smallest context)")
     p.add_argument("--sweep", action="store_true", help="also time the attention under a few Triton launch settings")
     args = p.parse_args(argv)
     args.batch = args.batch or ([1, 4] if args.small else [1, 8, 32, 64, 128])
@@ -414,6 +468,18 @@ def main(argv: list[str] | None = None) -> None:
     if splits:
         print("host: head | batch | context | engine bookkeeping ms | fixed-shape step's pack, copies, launch ms")
         print("\n".join(splits))
+    if args.branches:
+        print("branches: head | batch | context | kernel | branch rows | answer ms | after_step ms | branch passes ms")
+        for method in args.heads:
+            for batch in args.batch:
+                context = min(args.context)
+                with torch.inference_mode():
+                    b = measure_branches(method, batch, context, args, device, dtype)
+                if device.startswith("cuda"):
+                    torch.cuda.empty_cache()
+                passes = "-" if b["passes"] is None else f"{b['passes']:.2f}"
+                print(f"branches: {method} | {batch} | {context} | {b['kernel']} | {b['rows']:.0f} | "
+                      f"{b['answer']:.2f} | {b['after']:.2f} | {passes}", flush=True)
     if sweeps:
         print("sweep: head | batch | context | block_n | warps | stages | attention ms")
         for method, batch, context, block_n, warps, stages, ms in sweeps:

@@ -17,7 +17,7 @@ RUN = (
     f"for name in {ABSENT!r}:\n"
     "    sys.modules[name] = None\n"
     "sys.argv = ['drafter_device', '--small', '--steps', '2', '--batch', '1', '3', '--context', '16', "
-    "'--fixed-shape', 'on']\n"
+    "'--fixed-shape', 'on', '--branches']\n"
     "runpy.run_module('benchmarks.drafter_device', run_name='__main__')\n"
 )
 
@@ -27,6 +27,11 @@ def test_small_mode_prints_figures_without_vllm_or_ray():
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [line.split(" | ") for line in out.stdout.splitlines() if line.startswith("eagle")]
     assert [(r[0], r[1], r[2]) for r in rows] == [(h, b, "16") for h in ("eagle", "eagle3") for b in ("1", "3")]
+    branches = [line.split(" | ") for line in out.stdout.splitlines() if line.startswith("branches: eagle")]
+    assert [(r[0], r[1], r[3]) for r in branches] == [(f"branches: {h}", b, "torch") for h in ("eagle", "eagle3")
+                                                      for b in ("1", "3")]
+    for *_, rows_drafted, answer, after, passes in branches:
+        assert float(rows_drafted) > 0 and min(float(answer), float(after), float(passes)) > 0
     for row in rows:
         _, batch, _, kernel, engine, host, floor, graph_floor = row[:8]
         attention, tbs, roofline, recompute, ratio, goal, kv_seq, kv = row[8:]

@@ -21,9 +21,8 @@ clamped to ``max_model_len - 1 = max_len - 2``), and attends to nothing. Worked 
 sequence 0 ships rows at positions [7, 8], sequence 1 one row at 20 -> write positions [[7, 8, 64], [20, 64, 64]],
 query positions [[7, 8, -1], [20, -1, -1]], last rows [1, 3] (flat index b * R + rows - 1).
 
-Graphs are keyed by (Bp, R, k) and, for the ``torch`` attention backend, the key width it reads; they are captured
-on first use (an eager warm-up, then capture) in one shared memory pool, and replay while positions and lengths grow
-in place. They hold the cache's tensors, so a cache that reallocates drops them (``DraftKVCache.generation``).
+Graphs (``actors.drafter.cuda_graphs``) are keyed by (Bp, R, k) and, for the ``torch`` attention backend, the key
+width it reads, and replay while positions and lengths grow in place.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from actors.drafter.cuda_graphs import GraphRunner
 from actors.drafter.kv_cache import DraftKVCache
 from actors.drafter.slot_attention import Backend, SlotRows, slot_attention
 from actors.eagle.heads import DraftHead
@@ -101,10 +101,8 @@ class DecodeStep:
         self.sizes = batch_sizes(max_batch)
         self.max_batch = self.sizes[-1]
         self.buffers = _Buffers(self.max_batch, max_k + 1, head.spec.fused_hidden_size, max_k, dtype, self.device)
-        self.graphs: dict[StepShape, torch.cuda.CUDAGraph] = {}
-        self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
-        self._generation = cache.generation
-        self.steps = self.captures = self.replays = 0  # steps run, graphs captured, steps replayed (tests read them)
+        self.graphs = GraphRunner(self._forward, cache, self.device) if self.use_graphs else None
+        self.steps = 0  # steps run (tests read it; graphs.captures / graphs.replays: CUDA graphs)
         self.started_at = self.launched_at = 0.0  # perf_counter as the last step came in, and once its device work
         #                                           was all launched (the device check reads them)
 
@@ -135,8 +133,8 @@ class DecodeStep:
         self.steps += 1
         last_pos = self._pack(step, slots, shape)
         self._stage_hidden(hidden)
-        if self.use_graphs:
-            self._replay(shape)
+        if self.graphs is not None:
+            self.graphs.run(shape)
         else:
             self._forward(shape)
         self.launched_at = time.perf_counter()  # the host's part of the step ends here (the device check reads it)
@@ -197,39 +195,15 @@ class DecodeStep:
         stage[:n].copy_(hidden)
         buf.hidden[:n].copy_(stage[:n], non_blocking=True)
 
-    # --- device side --------------------------------------------------------------------------------------------
-    def _replay(self, shape: StepShape) -> None:
-        if self._generation != self.cache.generation:  # the cache reallocated: graphs point at its old tensors
-            self.graphs.clear()
-            self._generation = self.cache.generation
-        graph = self.graphs.get(shape)
-        if graph is None:
-            graph = self.graphs[shape] = self._capture(shape)
-        graph.replay()
-        self.replays += 1
-
-    def _capture(self, shape: StepShape) -> torch.cuda.CUDAGraph:
-        """Warm up on a side stream (Triton compiles, allocations settle), then capture. The warm-up passes are the
-        current step's own: they write the same K/V again, so running them is harmless."""
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._forward(shape)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            self._forward(shape)
-        self.captures += 1
-        return graph
-
+    # --- device side ---------------------------------------------------------------------------------------------
     def _forward(self, shape: StepShape) -> None:
         """The step's passes over the buffers' views for ``shape``; drafts into ``buffers.drafts[:Bp, :k]``."""
         bp, r, k = shape.batch, shape.rows, shape.k
         f, n, head = self.buffers.fields, shape.batch * shape.rows, self.head
         seq = {name: f[name][:bp] for name in SEQ_FIELDS}
         rows = SlotRows(seq["slot"], f["q_pos"][:n].view(bp, r), seq["known_from"], seq["gap_lo"], seq["gap_hi"])
-        attend = _StepAttention(self, f["write_slot"][:n], f["write_pos"][:n], rows, shape.width)
+        attend = StepAttention(self.cache, self.chunks, self.backend, f["write_slot"][:n], f["write_pos"][:n], rows,
+                               shape.width)
         hidden = self.buffers.hidden.index_select(0, f["row_src"][:n])  # [Bp * R, fused_hidden_size]
         out, fed = head(f["ids"][:n], head.combine(hidden), f["write_pos"][:n], attend)
         out, fed = out.index_select(0, seq["last_row"]), fed.index_select(0, seq["last_row"])  # [Bp, hidden]
@@ -241,21 +215,25 @@ class DecodeStep:
                 pos = torch.where(real, (last_pos + j + 1).clamp(max=self.max_model_len - 1), self.cache.max_len - 1)
                 rows = SlotRows(seq["slot"], torch.where(real, pos, -1)[:, None], seq["known_from"], seq["gap_lo"],
                                 seq["gap_hi"])
-                out, fed = head(tokens[-1], fed, pos, _StepAttention(self, seq["slot"], pos, rows, shape.width))
+                attend = StepAttention(self.cache, self.chunks, self.backend, seq["slot"], pos, rows, shape.width)
+                out, fed = head(tokens[-1], fed, pos, attend)
         self.buffers.drafts[:bp, :k].copy_(torch.stack(tokens, dim=1))
 
 
-class _StepAttention:
-    """``AttendFn`` of one fixed-shape pass: write the rows' K/V, then ``slot_attention`` over the cache."""
+class StepAttention:
+    """``AttendFn`` of one fixed-shape pass: write the rows' K/V into the cache, then ``slot_attention`` over it.
+    ``rows.q_pos`` is ``[B, R]``: the pass's ``B * R`` query rows, sequence by sequence."""
 
-    def __init__(self, owner: DecodeStep, write_slots: torch.Tensor, write_pos: torch.Tensor, rows: SlotRows,
-                 width: int | None) -> None:
-        self.owner, self.write_slots, self.write_pos, self.rows, self.width = owner, write_slots, write_pos, rows, width
+    def __init__(self, cache: DraftKVCache, chunks: dict[int, int | None], backend: Backend,
+                 write_slots: torch.Tensor,  # [B * R]
+                 write_pos: torch.Tensor,  # [B * R]
+                 rows: SlotRows, width: int | None) -> None:
+        self.cache, self.chunks, self.backend = cache, chunks, backend
+        self.write_slots, self.write_pos, self.rows, self.width = write_slots, write_pos, rows, width
 
-    def __call__(self, layer: int, q, k, v, positions) -> torch.Tensor:  # q [Bp * R, heads, hd] -> [Bp * R, h * hd]
-        o = self.owner
-        o.cache.write(layer, self.write_slots, self.write_pos, k, v)
-        bp, r = self.rows.q_pos.shape
-        out = slot_attention(q.view(bp, r, *q.shape[1:]), o.cache.k[layer], o.cache.v[layer], self.rows,
-                             o.chunks[layer], o.backend, self.width)
-        return out.view(bp * r, -1)
+    def __call__(self, layer: int, q, k, v, positions) -> torch.Tensor:  # q [B * R, heads, hd] -> [B * R, h * hd]
+        self.cache.write(layer, self.write_slots, self.write_pos, k, v)
+        num_seqs, num_rows = self.rows.q_pos.shape
+        out = slot_attention(q.view(num_seqs, num_rows, *q.shape[1:]), self.cache.k[layer], self.cache.v[layer],
+                             self.rows, self.chunks[layer], self.backend, self.width)
+        return out.view(num_seqs * num_rows, -1)

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from actors.drafter.branch_budget import BranchBudget
+from actors.drafter.branch_passes import BranchPasses
 from actors.drafter.branches import BranchAttention, BranchEntry, guesses
 from actors.drafter.config import DrafterEngineConfig
 from actors.drafter.decode_step import DecodeStep
@@ -336,10 +337,14 @@ class DrafterEngine:
         on_cuda = torch.device(device).type == "cuda"
         fixed_shape = on_cuda if config.fixed_shape_steps is None else config.fixed_shape_steps
         graphs = fixed_shape and on_cuda and not config.enforce_eager
+        branches = config.branches
+        branch_rows = 0  # fixed-shape branch passes: a scratch slot per branch row (actors.drafter.branch_passes)
+        if fixed_shape and branches is not None and branches.max_branch_rows != 0:
+            branch_rows = min(config.cuda_graph_max_batch, branches.max_branch_rows or config.cuda_graph_max_batch)
         self.cache = DraftKVCache(  # allocated whole up front where CUDA graphs will hold its tensors
             spec.num_layers, spec.num_kv_heads, spec.head_dim, max_len=max_model_len + 1,
             initial_slots=max_num_seqs if graphs else min(8, max_num_seqs), max_slots=max_num_seqs,
-            dtype=self.dtype, device=device,
+            dtype=self.dtype, device=device, scratch_slots=branch_rows,
         )
         self.chunks = {i: layer.self_attn.chunk_size for i, layer in enumerate(head.layers)}
         self.attention_backend: Backend = choose_backend(device)  # chosen once: actors.drafter.slot_attention
@@ -349,6 +354,11 @@ class DrafterEngine:
                                      max_k=config.max_k, backend=self.attention_backend, use_graphs=graphs,
                                      max_batch=min(config.cuda_graph_max_batch, max_num_seqs), device=device,
                                      dtype=self.dtype)
+        self.branch_passes: BranchPasses | None = None  # pipelined drafting's branch passes, fixed-shape
+        if branch_rows:
+            self.branch_passes = BranchPasses(self.head, self.cache, self.chunks, max_model_len=max_model_len,
+                                              max_k=config.max_k, backend=self.attention_backend, use_graphs=graphs,
+                                              device=device, dtype=self.dtype)
         self.prefix_store: PrefixBlockStore | None = None  # made at the first step naming a block size
         self.seq_tokens: dict[str, SeqTokens] = {}  # sequences whose blocks are hashed (their prompt came)
         self.prefix_hit_tokens = self.prefix_miss_tokens = 0  # since start
@@ -612,16 +622,19 @@ class DrafterEngine:
             base.append(chain.last_pos[seq] + a)  # [R] L + a
             first.append(self.head.to_target_ids(guess.flatten()))  # [R] y
             feats.append(torch.stack(chain.feats, dim=1)[seq.to(self.device), a.to(self.device)])  # [R, hidden] f_a+1
-        base_all = torch.cat(base)
-        attend = BranchAttention(self.cache, torch.cat(slots), base_all, self.chunks)
+        base_all, slots_all = torch.cat(base), torch.cat(slots)
         tok, hid = torch.cat(first), torch.cat(feats)
-        drafts = []
-        for i in range(k):
-            pos = (base_all + 1 + i).clamp(max=self.max_model_len - 1).to(self.device)
-            out, hid = self.head(tok, hid, pos, attend)
-            tok = self.head.greedy(out)
-            drafts.append(tok)
-        table = torch.stack(drafts, dim=1).tolist()  # [R, k]
+        if self.branch_passes is not None and self.branch_passes.accepts(len(base_all), k):
+            table = self.branch_passes.run(slots_all, base_all, tok, hid, k).tolist()  # [R, k]
+        else:
+            attend = BranchAttention(self.cache, slots_all, base_all, self.chunks)
+            drafts = []
+            for i in range(k):
+                pos = (base_all + 1 + i).clamp(max=self.max_model_len - 1).to(self.device)
+                out, hid = self.head(tok, hid, pos, attend)
+                tok = self.head.greedy(out)
+                drafts.append(tok)
+            table = torch.stack(drafts, dim=1).tolist()  # [R, k]
         made: dict[str, BranchEntry] = {}
         r = 0
         for (chain, outcome, _, n), y in zip(rows, first, strict=True):

@@ -25,6 +25,9 @@ A sequence whose first step starts at P > 0 because vLLM found its prefix in its
 If m * B < P, positions ``[gap_lo, gap_hi) = [m * B, P)`` hold nothing and attention masks them too; a step that
 rewrites them (a restart) shrinks the gap. With m = 0 it is treated like a re-homed sequence (``known_from = P``).
 
+Scratch slots (``scratch_slots``, after the sequences' slots in each tensor) belong to no sequence: pipelined drafting's
+fixed-shape branch passes write each branch's own rows into one (``actors.drafter.branch_passes``).
+
 Slots are also reclaimed from sequences nobody steps or frees any more (a verifier that died, a free that was
 lost): ``evict_idle`` frees those not used for a while, oldest first (``last_used``, in use order), so leaked
 slots do not inflate the load that routers and autoscalers read (``num_active``).
@@ -67,8 +70,9 @@ class DraftKVCache:
         max_slots: int = 1024,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        scratch_slots: int = 0,
     ) -> None:
-        self.num_layers, self.initial_slots = num_layers, initial_slots
+        self.num_layers, self.initial_slots, self.scratch_slots = num_layers, initial_slots, scratch_slots
         self.shape_tail = (max_len, num_kv_heads, head_dim)
         self.max_len = max_len
         self.max_slots = max_slots
@@ -83,7 +87,7 @@ class DraftKVCache:
 
     def _allocate(self, num_slots: int) -> None:
         self.generation += 1
-        self.k = [torch.zeros(num_slots, *self.shape_tail, dtype=self.dtype, device=self.device)
+        self.k = [torch.zeros(num_slots + self.scratch_slots, *self.shape_tail, dtype=self.dtype, device=self.device)
                   for _ in range(self.num_layers)]
         self.v = [torch.zeros_like(t) for t in self.k]
         self.slot_of: dict[str, int] = {}
@@ -96,7 +100,12 @@ class DraftKVCache:
 
     @property
     def num_slots(self) -> int:
-        return self.k[0].shape[0]
+        """Slots for sequences (the scratch slots follow them)."""
+        return self.k[0].shape[0] - self.scratch_slots
+
+    def scratch_slot(self, i: int) -> int:
+        """The index of scratch slot ``i`` (< ``scratch_slots``) in the K/V tensors."""
+        return self.num_slots + i
 
     @property
     def num_active(self) -> int:
@@ -110,7 +119,9 @@ class DraftKVCache:
         self.generation += 1
         for lst in (self.k, self.v):
             for i, t in enumerate(lst):
-                lst[i] = torch.cat([t, torch.zeros(new - old, *self.shape_tail, dtype=self.dtype, device=self.device)])
+                extra = torch.zeros(new - old + self.scratch_slots, *self.shape_tail, dtype=self.dtype,
+                                    device=self.device)
+                lst[i] = torch.cat([t[:old], extra])  # scratch slots stay last (their contents are per call)
         self.known_from = torch.cat([self.known_from, self.known_from.new_zeros(new - old)])
         self.next_pos = torch.cat([self.next_pos, self.next_pos.new_zeros(new - old)])
         self.gap_lo = torch.cat([self.gap_lo, self.gap_lo.new_zeros(new - old)])

@@ -12,7 +12,9 @@ where they lie, with no gather and no mask tensor. Which keys a query row at pos
     lo(p) <= j <= p,  j >= known_from[b],  not gap_lo[b] <= j < gap_hi[b]
 
 where lo(p) is the start of p's attention chunk on chunked layers (Llama 4's local attention: ``(p // C) * C``)
-and 0 elsewhere. A row at position -1 is padding: it sees nothing and its output is 0.
+and 0 elsewhere. A row at position -1 is padding: it sees nothing and its output is 0. A sequence may read its keys
+from two slots: positions from ``scratch_from[b]`` on come from slot ``scratch[b]`` (a branch of pipelined drafting
+keeps its own rows in a scratch slot, over its sequence's cache up to the branch point: ``actors.drafter.branches``).
 
 Two backends, chosen once per engine (``choose_backend``):
 
@@ -52,6 +54,8 @@ class SlotRows:
     known_from: torch.Tensor  # [B] int64 first position the slot holds
     gap_lo: torch.Tensor  # [B] int64 masked positions [gap_lo, gap_hi); gap_hi <= gap_lo: none
     gap_hi: torch.Tensor  # [B] int64
+    scratch: torch.Tensor | None = None  # [B] int64 the slot keys at positions >= scratch_from are read from
+    scratch_from: torch.Tensor | None = None  # [B] int64
 
 
 def triton_available() -> bool:
@@ -105,6 +109,10 @@ def _torch_attention(q, cache_k, cache_v, rows: SlotRows, chunk: int | None, wid
     num_seqs, num_rows, num_heads, head_dim = q.shape
     keys = cache_k.index_select(0, rows.slots)[:, :width]  # [B, W, kv_heads, head_dim]
     values = cache_v.index_select(0, rows.slots)[:, :width]
+    if rows.scratch is not None:
+        later = (torch.arange(width, device=q.device) >= rows.scratch_from[:, None])[:, :, None, None]  # [B, W, 1, 1]
+        keys = torch.where(later, cache_k.index_select(0, rows.scratch)[:, :width], keys)
+        values = torch.where(later, cache_v.index_select(0, rows.scratch)[:, :width], values)
     mask = visible(rows, torch.arange(width, device=q.device), chunk)  # [B, R, W]
     seen = mask.any(-1, keepdim=True)  # [B, R, 1]: padding rows see nothing
     mask = mask | ~seen  # ... so let them see everything (kept finite), then zero them
@@ -157,10 +165,13 @@ def _triton_attention(q, cache_k, cache_v, rows: SlotRows, chunk: int | None) ->
     out = torch.empty(num_seqs * tiles, kv_heads, splits, block_m, block_d, dtype=torch.float32, device=q.device)
     lse = torch.empty(num_seqs * tiles, kv_heads, splits, block_m, dtype=torch.float32, device=q.device)
     q_pos = rows.q_pos.contiguous()
+    has_scratch = rows.scratch is not None
+    scratch, scratch_from = (rows.scratch, rows.scratch_from) if has_scratch else (rows.slots, rows.slots)
     attention_kernel, merge_kernel = _kernels(q.device.type == "cpu")
     with _interpreted(q.device.type == "cpu"):
         attention_kernel[(num_seqs * tiles, kv_heads, splits)](
-            q, cache_k, cache_v, out, lse, rows.slots, q_pos, rows.known_from, rows.gap_lo, rows.gap_hi,
+            q, cache_k, cache_v, out, lse, rows.slots, q_pos, rows.known_from, rows.gap_lo, rows.gap_hi, scratch,
+            scratch_from,
             q.stride(0), q.stride(1), q.stride(2),
             cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
             cache_v.stride(0), cache_v.stride(1), cache_v.stride(2),
@@ -169,6 +180,7 @@ def _triton_attention(q, cache_k, cache_v, rows: SlotRows, chunk: int | None) ->
             num_rows, tiles, 1 / math.sqrt(head_dim),
             GROUP=group, TILE_ROWS=tile_rows, BLOCK_M=block_m, BLOCK_N=_LAUNCH["block_n"], HEAD_DIM=head_dim,
             BLOCK_D=block_d, CHUNK=chunk or 0, NUM_SPLITS=splits, IEEE=q.dtype == torch.float32,
+            HAS_SCRATCH=has_scratch,
             num_warps=_LAUNCH["num_warps"], num_stages=_LAUNCH["num_stages"],
         )
         merged = torch.empty(num_seqs, num_rows, num_heads * head_dim, dtype=q.dtype, device=q.device)
@@ -225,7 +237,7 @@ def _define_kernel():
 
     @triton.jit
     def slot_attention_kernel(
-        Q, K, V, Out, Lse, Slots, QPos, KnownFrom, GapLo, GapHi,
+        Q, K, V, Out, Lse, Slots, QPos, KnownFrom, GapLo, GapHi, Scratch, ScratchFrom,
         q_stride_b, q_stride_r, q_stride_h,
         k_stride_s, k_stride_l, k_stride_h,
         v_stride_s, v_stride_l, v_stride_h,
@@ -234,7 +246,7 @@ def _define_kernel():
         num_rows, tiles, scale,
         GROUP: tl.constexpr, TILE_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        IEEE: tl.constexpr,
+        IEEE: tl.constexpr, HAS_SCRATCH: tl.constexpr,
     ):
         pid = tl.program_id(0)  # sequence b, tile t of its query rows
         kv_head = tl.program_id(1)
@@ -269,14 +281,24 @@ def _define_kernel():
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        k_base = K + slot * k_stride_s + kv_head * k_stride_h
-        v_base = V + slot * v_stride_s + kv_head * v_stride_h
+        if HAS_SCRATCH:
+            scratch = tl.load(Scratch + b).to(tl.int64)
+            scratch_from = tl.load(ScratchFrom + b)
         for s in range(start, end, BLOCK_N):
             keys = s + tl.arange(0, BLOCK_N)
             in_range = keys < end
-            kt = tl.load(k_base + keys[:, None] * k_stride_l + d[None, :], mask=in_range[:, None] & d_ok[None, :],
+            if HAS_SCRATCH:
+                key_slot = tl.where(keys >= scratch_from, scratch, slot)  # [BLOCK_N]
+            else:
+                key_slot = slot
+            k_ptr = K + key_slot * k_stride_s + kv_head * k_stride_h
+            v_ptr = V + key_slot * v_stride_s + kv_head * v_stride_h
+            if HAS_SCRATCH:
+                k_ptr = k_ptr[:, None]
+                v_ptr = v_ptr[:, None]
+            kt = tl.load(k_ptr + keys[:, None] * k_stride_l + d[None, :], mask=in_range[:, None] & d_ok[None, :],
                          other=0.0)
-            vt = tl.load(v_base + keys[:, None] * v_stride_l + d[None, :], mask=in_range[:, None] & d_ok[None, :],
+            vt = tl.load(v_ptr + keys[:, None] * v_stride_l + d[None, :], mask=in_range[:, None] & d_ok[None, :],
                          other=0.0)
             if IEEE:
                 scores = tl.dot(q, tl.trans(kt), input_precision="ieee") * scale

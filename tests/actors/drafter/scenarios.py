@@ -76,16 +76,15 @@ def steps(width: int) -> list[tuple[DraftStep, torch.Tensor]]:
     return out
 
 
-def run(device: str, method: str, branches: BranchConfig | None = None, **config
-        ) -> tuple[list[list[list[int]]], DrafterEngine]:
-    """Each step's drafts from an engine on ``device`` (``config``: more ``DrafterEngineConfig`` fields), and the
-    engine."""
+def run(device: str, method: str, branches: BranchConfig | None = None, **config) -> tuple[list, DrafterEngine]:
+    """Each step's drafts from an engine on ``device`` (``config``: more ``DrafterEngineConfig`` fields) and, with
+    ``branches``, the branch table ``after_step`` made (sequence -> {(a, y): drafts}); and the engine."""
     engine = make_engine(device, method, branches, **config)
     out = []
     for step, hidden in steps(engine.spec.fused_hidden_size):
         out.append(engine.draft_tensors(step, hidden).drafts.tolist())
         if branches is not None:
-            engine.after_step()
+            out.append({rid: entry.drafts for rid, entry in engine.after_step().items()})
     return out, engine
 
 

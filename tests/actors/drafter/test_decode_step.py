@@ -1,6 +1,7 @@
 """``actors.drafter.decode_step`` on the CPU: fixed-shape decode steps (the passes a CUDA graph replays, run eagerly
 here) draft what the engine's eager passes draft, through every case of ``scenarios.STEPS``, with either attention
-backend (the Triton kernel through Triton's interpreter); padding never touches a real cache entry."""
+backend (the Triton kernel through Triton's interpreter), and so do pipelined drafting's branch passes; padding never
+touches a real cache entry."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from actors.drafter.branches import BranchConfig
 from actors.drafter.decode_step import batch_sizes
 from actors.messages import DraftStep, SeqSlice
 from tests.actors.drafter import scenarios
@@ -23,12 +25,26 @@ def test_fixed_shape_steps_draft_what_the_eager_passes_draft(method, backend, mo
     assert fixed.attention_backend == backend
     assert got == want
     # Every step but the prefill ran fixed-shape; the cases happened: a prefix hit, a re-homed sequence, no room.
-    assert fixed.decode.steps == len(scenarios.STEPS) - 1 and fixed.decode.captures == 0
+    assert fixed.decode.steps == len(scenarios.STEPS) - 1 and fixed.decode.graphs is None
     assert fixed.prefix_hit_tokens == eager.prefix_hit_tokens == 8
     assert got[-1][0] == [0, 0, 0]  # "e": placeholders
     # The caches agree wherever a real row can read (the last position is where padding writes).
     for layer in range(fixed.spec.num_layers):
         torch.testing.assert_close(fixed.cache.k[layer][:, :-1], eager.cache.k[layer][:, :-1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_fixed_shape_branch_passes_draft_the_eager_branch_tables(method, backend, monkeypatch):
+    """Pipelined drafting: the branches (``actors.drafter.branch_passes``, each in a scratch slot) draft what
+    ``BranchAttention``'s eager passes draft, so the steps' hits and drafts agree too."""
+    branches = BranchConfig(bonus_fanout=2, recovered_fanout=1)
+    want, _ = scenarios.run("cpu", method, branches)
+    monkeypatch.setenv("EAGLE_CLUSTER_SLOT_ATTENTION", backend)
+    got, fixed = scenarios.run("cpu", method, branches, fixed_shape_steps=True)
+    assert got == want
+    assert fixed.branch_passes.calls == len(scenarios.STEPS) and fixed.cache.scratch_slots == 32
+    assert any(table for table in got[1::2])  # branches were drafted
 
 
 def test_padding_writes_only_the_unused_last_position():

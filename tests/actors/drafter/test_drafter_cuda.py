@@ -27,13 +27,18 @@ def test_cuda_graph_steps_draft_what_the_cpu_drafts(method):
     want, _ = scenarios.run("cpu", method)
     assert got == want
     assert engine.attention_backend == "triton"
-    assert engine.decode.replays == len(scenarios.STEPS) - 1 and engine.decode.captures >= 1
+    assert engine.decode.graphs.replays == len(scenarios.STEPS) - 1 and engine.decode.graphs.captures >= 1
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_pipelined_drafting_on_cuda_drafts_what_the_cpu_drafts(method):
+    """Drafts and branch tables; the branch passes replayed from CUDA graphs."""
     branches = BranchConfig(bonus_fanout=2, recovered_fanout=1)
-    assert scenarios.run("cuda", method, branches)[0] == scenarios.run("cpu", method, branches)[0]
+    got, engine = scenarios.run("cuda", method, branches)
+    assert got == scenarios.run("cpu", method, branches)[0]
+    assert engine.branch_passes.graphs.replays == len(scenarios.STEPS)
+    eager, _ = scenarios.run("cuda", method, branches, enforce_eager=True)
+    assert eager == got
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -41,7 +46,7 @@ def test_graph_replay_equals_eager_on_the_same_backend(method):
     replayed, engine = scenarios.run("cuda", method)
     eager, eager_engine = scenarios.run("cuda", method, enforce_eager=True)
     assert replayed == eager
-    assert engine.decode.replays > 0 and eager_engine.decode.replays == 0 and eager_engine.decode.steps > 0
+    assert engine.decode.graphs.replays > 0 and eager_engine.decode.graphs is None and eager_engine.decode.steps > 0
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -28,6 +28,11 @@ def by_hand(q, k, v, rows: SlotRows, chunk: int | None) -> torch.Tensor:  # [B, 
     for b in range(num_seqs):
         slot, known = int(rows.slots[b]), int(rows.known_from[b])
         gap = range(int(rows.gap_lo[b]), int(rows.gap_hi[b]))
+        scratch_from = int(rows.scratch_from[b]) if rows.scratch is not None else MAX_LEN
+
+        def key_slot(j: int, b: int = b, slot: int = slot, scratch_from: int = scratch_from) -> int:
+            return int(rows.scratch[b]) if j >= scratch_from else slot
+
         for r in range(num_rows):
             p = int(rows.q_pos[b, r])
             if p < 0:
@@ -36,8 +41,8 @@ def by_hand(q, k, v, rows: SlotRows, chunk: int | None) -> torch.Tensor:  # [B, 
             keys = [j for j in range(max(lo, known), p + 1) if j not in gap]
             for h in range(num_heads):
                 kv = h // (num_heads // KV_HEADS)
-                scores = torch.stack([q[b, r, h] @ k[slot, j, kv] for j in keys]) / math.sqrt(head_dim)
-                out[b, r, h] = torch.softmax(scores, 0) @ v[slot, keys, kv]
+                scores = torch.stack([q[b, r, h] @ k[key_slot(j), j, kv] for j in keys]) / math.sqrt(head_dim)
+                out[b, r, h] = torch.softmax(scores, 0) @ torch.stack([v[key_slot(j), j, kv] for j in keys])
     return out.flatten(-2)
 
 
@@ -68,6 +73,19 @@ def test_triton_kernel_equals_torch_backend(chunk, splits, monkeypatch):
     q, rows = decode_rows()
     torch.testing.assert_close(slot_attention(q, k, v, rows, chunk, "triton"),
                                slot_attention(q, k, v, rows, chunk, "torch"), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_keys_past_a_branch_point_come_from_a_scratch_slot(backend):
+    """Two branches of one sequence (slot 3) past its position 12, each writing its own rows into a scratch slot."""
+    k, v = cache(4)
+    q = torch.randn(2, 1, HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(5))
+    rows = SlotRows(torch.tensor([3, 3]), torch.tensor([[14], [15]]), torch.zeros(2, dtype=torch.long),
+                    torch.tensor([2, 2]), torch.tensor([5, 5]), scratch=torch.tensor([0, 1]),
+                    scratch_from=torch.tensor([13, 13]))
+    for chunk in (None, 8):
+        torch.testing.assert_close(slot_attention(q, k, v, rows, chunk, backend, width=24),
+                                   by_hand(q, k, v, rows, chunk), atol=1e-5, rtol=1e-5)
 
 
 def test_triton_kernel_tiles_many_rows_per_sequence():
