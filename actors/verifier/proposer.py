@@ -406,6 +406,13 @@ class RemoteEagleProposer(EagleProposer):
         self.state.waits.observe(timing.wait_ms)  # /metrics: eagle_cluster_step_wait_seconds
         return drafts
 
+    def nothing_to_take(self, req_ids: list[str]) -> bool:
+        """Whether this step's ``take_draft_token_ids`` would hand vLLM no draft token at all: nothing was shipped
+        (k = 0, no usable drafter) and every request of the batch ``req_ids`` is limited to 0 drafts. The engine core
+        then skips that call (``actors.verifier.draft_handoff``)."""
+        lengths = self.draft_lengths
+        return self._in_flight is None and bool(lengths) and all(lengths.get(rid, 1) == 0 for rid in req_ids)
+
     def settle(self) -> None:
         """A step's drafts that vLLM never took (it calls ``take_draft_token_ids`` after every step that ran the
         model, so this is a guard): read and dropped before the next step, so the client's state stays whole."""

@@ -38,6 +38,7 @@ from actors import vllm_fixes
 from actors.metrics import COUNTER_KEYS
 from actors.timing import ms_since
 from actors.verifier.client import build_client
+from actors.verifier.draft_handoff import mark_no_drafts
 from actors.verifier.options import ASYNC_SCHEDULING, PIPELINE_PARALLEL
 from actors.verifier.owner_watch import watch_owner
 from actors.verifier.proposer import MAX_TIMINGS, ProposerState, RemoteEagleProposer
@@ -137,6 +138,7 @@ class RemoteDraftWorker(_PlatformWorker):
         self.split = StepSplit()
         self._last_start: float | None = None
         self._plain_steps = [0]
+        self._skipped_takes = 0  # steps whose output said "no drafts", so the engine core asked for none
         super().__init__(*args, **kwargs)
 
     def _timed(self, samples: deque[float], method, *args: Any, **kwargs: Any):
@@ -166,7 +168,12 @@ class RemoteDraftWorker(_PlatformWorker):
         return self._timed(self.split.forward_ms, super().execute_model, scheduler_output, *args, **kwargs)
 
     def sample_tokens(self, *args: Any, **kwargs: Any):
-        return self._timed(self.split.sample_ms, super().sample_tokens, *args, **kwargs)
+        output = self._timed(self.split.sample_ms, super().sample_tokens, *args, **kwargs)
+        drafter = getattr(self.model_runner, "drafter", None)
+        if isinstance(drafter, RemoteEagleProposer) and drafter.nothing_to_take(self.model_runner.input_batch.req_ids):
+            mark_no_drafts(output)  # the engine core skips take_draft_token_ids (actors.verifier.draft_handoff)
+            self._skipped_takes += 1
+        return output
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         """The drafts vLLM's scheduler schedules for the next step (engine core: ``post_step``), each request's cut
@@ -239,6 +246,7 @@ class RemoteDraftWorker(_PlatformWorker):
             "mm_rows_shipped": st.mm_rows_shipped,
             "mm_steps": st.mm_steps,
             "plain_steps": self._plain_steps[0],  # decode steps without drafts run as target-only steps
+            "steps_without_take": self._skipped_takes,  # ... whose drafts the engine core did not ask for
             # (batch size, k, period ms) of each step the draft-length policy timed (``auto`` only)
             "draft_length_periods": list(getattr(getattr(drafter, "draft_length", None), "history", ())),
             "timings": [dataclasses.asdict(t) for t in st.timings],

@@ -39,6 +39,9 @@ def test_no_drafter_verifies_no_draft_tokens_then_a_drafter_attaches(ray_cluster
         assert before.num_draft_tokens == 0 and before.num_drafts == 0, before  # vLLM verified no draft token
         assert stats.steps == 0 and stats.steps_without_drafts > 0 and stats.undrafted["no_drafter"] > 0
         assert stats.client["drafters"] == 0
+        # and the engine core did not ask the worker for drafts after those steps (actors.verifier.draft_handoff)
+        worker = llm.collective_rpc("eagle_cluster_stats")[0]
+        assert worker["steps_without_take"] >= stats.steps_without_drafts > 0
 
         actor = start_drafter_actor(DrafterSettings(str(EAGLE1), str(TARGET)), name=NAME, namespace=NS)
         ray.get(actor.info.remote())
