@@ -16,7 +16,8 @@ OpenMP threads: ``VLLM_CPU_OMP_THREADS_BIND=0`` and ``OMP_NUM_THREADS=1`` in eve
 
 The draft length (issue 23): cluster modes run the shipped default (``num_speculative_tokens_per_batch_size:
 auto``); ``*-auto`` sets it explicitly, ``*-sched`` the fixed schedule ``SCHEDULE`` through the same key,
-``*-k3`` removes the key (k = 3 at every step, whatever the shipped YAML says), ``*-k0`` / ``-k1`` / ``-k2`` hold that
+``*-k3`` removes the key (k = 3 at every step, whatever the shipped YAML says), ``*-nodrafter`` deploys the
+verifier application alone (no drafter pool: every step target-only), ``*-k0`` / ``-k1`` / ``-k2`` hold that
 k at every batch size through the key (``[[1, 1024, k]]``: each k's steady cost, beside what ``auto`` measures when
 it only probes a k). Each cluster row also reports the
 chosen k per step (``eagle_cluster_speculative_tokens`` from ``/metrics``, steps per k over the run).
@@ -53,6 +54,7 @@ MODES = ["target-only", "colocated-eagle", "colocated-eagle3", "cluster-eagle3",
          "cluster-eagle3-sched", "cluster-eagle3-k0", "cluster-eagle3-k1", "cluster-eagle3-k2", "cluster-eagle3-k3",
          "cluster-eagle3-auto", "cluster-eagle3-auto-haproxy",
          "cluster-eagle3-grpc", "cluster-eagle3-async-grpc", "cluster-eagle3-nospin", "cluster-eagle3-async-nospin",
+         "cluster-eagle3-k0-nospin", "cluster-eagle3-nodrafter",
          "cluster-eagle3-pyproxy", "cluster-eagle3-async-pyproxy"]
 DRAFT_LENGTH_KEY = "num_speculative_tokens_per_batch_size"
 SCHEDULE = [[1, 2, 3], [3, 8, 1], [9, 1024, 0]]  # the fixed schedule of ``*-sched`` modes
@@ -162,12 +164,13 @@ def main() -> None:
                     drafter["cpu_affinity"] = [1]
                 mode_env.update(ingress_env(variants))  # HAProxy (the default), *-pyproxy, *-grpc
                 fixed = [int(v[1:]) for v in variants if re.fullmatch(r"k[0-2]", v)]
-                if fixed or {"sched", "k3", "auto", "nospin"} & set(variants):
+                if fixed or {"sched", "k3", "auto", "nospin", "nodrafter"} & set(variants):
                     length = (SCHEDULE if "sched" in variants else "auto" if "auto" in variants
                               else [[1, 1024, fixed[0]]] if fixed else None)
                     spec = {"method": method, "model": str(HEADS[method]), DRAFT_LENGTH_KEY: length}
                     verifier = {"engine_spin_s": None} if "nospin" in variants else {}  # vLLM's own 1 s
                     cmd, base = serve_command(cpu_yaml(Path(tmp) / f"{mode}.yaml", drafter=drafter, verifier=verifier,
+                                                       drafter_app="nodrafter" not in variants,
                                                        speculative_config=spec)), HTTP
                 else:
                     cmd, base = cluster_server(method, Path(tmp), drafter, name="-".join(variants) or "sync")

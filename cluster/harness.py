@@ -74,9 +74,10 @@ def heldout_prompts(n: int, seed: int = 0) -> list[str]:
 
 
 # --- a deploy YAML served -----------------------------------------------------------------------------------------
-def cpu_yaml(path: Path, grpc: bool = False, drafter: dict[str, Any] | None = None, **sections: Any) -> Path:
+def cpu_yaml(path: Path, grpc: bool = False, drafter: dict[str, Any] | None = None, drafter_app: bool = True,
+             **sections: Any) -> Path:
     """``deploy/cpu.yaml`` with its ``args`` sections changed (``cluster.deploy_yaml.with_changes``), model paths
-    absolute, written to ``path``.
+    absolute, written to ``path``. ``drafter_app=False``: the verifier application alone (no drafter pool deployed).
 
     ``grpc=True`` adds Serve's gRPC proxy on ``GRPC`` and turns the app's gRPC on, without a key unless ``ingress``
     sets one (``allow_unauthenticated``: a test server, up for minutes on a CI machine)."""
@@ -86,6 +87,8 @@ def cpu_yaml(path: Path, grpc: bool = False, drafter: dict[str, Any] | None = No
             "cluster.proto.eagle_cluster_pb2_grpc.add_EagleClusterServicer_to_server"]}
         keyless = "api_key" not in sections.get("ingress", {})
         deploy_yaml.app_args(doc)["ingress"]["grpc"] = {"enabled": True, "allow_unauthenticated": keyless}
+    if not drafter_app:
+        doc["applications"] = [a for a in doc["applications"] if a["name"] != DRAFTER_APP_NAME]
     return deploy_yaml.write(doc, path)
 
 
