@@ -30,7 +30,8 @@ def test_synchronize_on_cuda_only(syncs):
     timing.synchronize(torch.device("cuda", 1))
     timing.synchronize("cuda")
     assert syncs == [torch.device("cuda", 1), "cuda"]
-    assert timing.ms_since(0.0, "cuda:0") >= 0 and syncs[-1] == "cuda:0"
+    timing.ms_since(0.0, "cuda:0")
+    assert syncs[-1] == "cuda:0"  # a duration on CUDA is read after the device finished
 
 
 def test_worker_times_until_the_device_is_done(monkeypatch, syncs):
@@ -65,7 +66,7 @@ def test_drafter_times_until_the_device_is_done(toy_heads, monkeypatch):
     monkeypatch.setattr(timing, "synchronize", waited.append)
     step = DraftStep(0, 3, [SeqSlice("a", 0, 5, 0)], np.arange(5, dtype=np.int32))
     result = engine.draft(step, np.zeros((5, engine.spec.fused_hidden_size), np.float32))
-    assert waited == [engine.device] and result.compute_ms >= 0
+    assert waited == [engine.device] and result.step_id == 0
 
     from actors.drafter.actor import DrafterActor
 

@@ -188,8 +188,11 @@ def test_client_disconnect_aborts_and_frees(server):
         stub = pb_grpc.EagleClusterStub(channel)
         call = stub.GenerateStream(pb.GenerateRequest(prompt="class A:\n", max_tokens=900),
                                    metadata=(("application", "eagle-cluster"),))
-        assert next(call).text is not None
-        assert _metric("vllm:num_requests_running") == 2
+        assert next(call).finish_reason == ""  # the gRPC stream is generating
+        deadline = time.time() + 10  # vLLM's gauge follows its steps: wait for it, do not sample it once
+        while _metric("vllm:num_requests_running") != 2:
+            assert time.time() < deadline, "vLLM never reported the HTTP and the gRPC request running together"
+            time.sleep(0.1)
         call.cancel()
     resp.close()  # the HTTP client goes away
     gone = time.time()
