@@ -2,8 +2,9 @@
 
 Where it sits: ``actors.drafter.engine.DrafterEngine.draft_tensors`` hands it a decode step (every sequence ships at
 most ``max_k + 1`` rows: accepted drafts and the bonus or recovered token) once the engine has claimed the
-sequences' cache slots; it returns the drafts. Prefill steps, steps with images, pipelined drafting and batches past
-the largest captured size take the engine's eager passes instead (the same head, the same attention kernel).
+sequences' cache slots; it returns the drafts. Prefill steps, steps with images, pipelined drafting's on-demand
+misses (its branch passes: ``actors.drafter.branch_passes``) and batches past the largest captured size take the
+engine's eager passes instead (the same head, the same attention kernel).
 
 One step for B sequences of at most R rows, on persistent buffers (``_Buffers``):
 

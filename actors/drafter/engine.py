@@ -15,7 +15,10 @@ All of it is batched: the only Python loop is over the k draft positions.
 
 Devices: the head, the draft KV cache and the activations live on ``device`` (in ``dtype``); the small index
 bookkeeping of a step (slots, positions, masks) is computed on the CPU, where it costs no device round trip, and
-copied to the device once per pass. ``actors.drafter.placement`` decides device and dtype for the actor.
+copied to the device once per pass. ``actors.drafter.placement`` decides device and dtype for the actor. On CUDA
+a decode step runs on fixed-shape buffers replayed from CUDA graphs (``actors.drafter.decode_step``; pipelined
+drafting's branch passes: ``actors.drafter.branch_passes``), and every pass attends through the Triton kernel of
+``actors.drafter.slot_attention``; a CPU keeps the eager passes below (``DrafterEngineConfig.fixed_shape_steps``).
 
 Prefix caching (``actors.drafter.prefix_cache``): a sequence's first step carries its prompt; the engine hashes its
 blocks, and when the step starts past 0 (vLLM's own prefix-cache hit) copies the cached blocks into the sequence's
