@@ -287,6 +287,10 @@ class DrafterConfig(_Strict):
         MAX_SPECULATIVE_TOKENS, ge=1, le=MAX_SPECULATIVE_TOKENS,
         description="the most draft tokens a verifier's step may ask for (its num_speculative_tokens); a step "
         "asking for more drafts nothing")
+    enforce_eager: bool = Field(False, description="on a GPU, run decode steps eagerly instead of replaying CUDA "
+                                "graphs (vLLM's name; actors/drafter/decode_step.py)")
+    cuda_graph_max_batch: int = Field(128, ge=1, le=1024, description="on a GPU, the largest decode batch replayed "
+                                      "from a CUDA graph; larger batches run eagerly")
 
     @model_validator(mode="after")
     def _one_scaling(self) -> DrafterConfig:
@@ -358,7 +362,8 @@ class DrafterPoolConfig(DrafterConfig):
         engine = DrafterEngineConfig(
             max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs, kv_cache_gib=self.kv_cache_gib,
             idle_slot_ttl_s=self.idle_slot_ttl_s, max_k=self.max_speculative_tokens,
-            branches=self.async_drafting.for_drafter(),
+            branches=self.async_drafting.for_drafter(), enforce_eager=self.enforce_eager,
+            cuda_graph_max_batch=self.cuda_graph_max_batch,
         )
         return DrafterSettings(
             self.head, self.target, engine, num_threads=self.num_threads,

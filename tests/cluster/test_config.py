@@ -133,12 +133,14 @@ def test_pool_builds_the_drafter_settings():
     """One validated pool config gives the drafter's frozen settings, every field mapped (what each replica binds)."""
     pool = _pool(max_model_len=256, num_threads=2, cpu_affinity=[1, 3], dtype="float32", max_num_seqs=8,
                  kv_cache_gib=1.5, idle_slot_ttl_s=60, max_speculative_tokens=5,
-                 async_drafting={"enabled": True, "bonus_fanout": 3})
+                 async_drafting={"enabled": True, "bonus_fanout": 3}, enforce_eager=True, cuda_graph_max_batch=64)
     branches = BranchConfig(bonus_fanout=3, recovered_fanout=1, max_branch_rows=32)
     assert pool.for_drafter() == DrafterSettings(
         pool.head, pool.target, DrafterEngineConfig(max_model_len=256, max_num_seqs=8, kv_cache_gib=1.5,
-                                                    idle_slot_ttl_s=60, max_k=5, branches=branches),
+                                                    idle_slot_ttl_s=60, max_k=5, branches=branches,
+                                                    enforce_eager=True, cuda_graph_max_batch=64),
         num_threads=2, cpu_affinity=(1, 3), dtype="float32")
+    assert "cuda_graph_max_batch" in _pool_error(cuda_graph_max_batch=0)
     assert _pool().for_drafter().engine == DrafterEngineConfig()  # the pool's defaults are the engine's
 
 
