@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 from benchmarks.idle_split import idle_rates
 
 
@@ -20,7 +22,10 @@ def test_a_spinning_child_is_measured_and_a_sleeping_one_is_not():
         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
         "time.sleep(30)\n")], start_new_session=True)
     try:
-        time.sleep(1.0)  # both children started
+        deadline = time.time() + 30
+        while len(psutil.Process(parent.pid).children()) < 2:  # both children started
+            assert time.time() < deadline, "the two children never started"
+            time.sleep(0.05)
         rows = idle_rates(parent.pid, 1.0)
     finally:
         os.killpg(parent.pid, signal.SIGKILL)

@@ -54,10 +54,13 @@ def test_requests_across_idle_gaps_complete_and_the_engine_sleeps(monkeypatch):
 
         engine = _engine_pids()
         assert len(engine) >= 2, "expected vLLM's engine-core and worker processes"
-        time.sleep(0.1)
-        before = [cpu_seconds(pid) for pid in engine]
-        time.sleep(1.0)
-        idle = sum(b - a for a, b in zip(before, [cpu_seconds(pid) for pid in engine], strict=True))
-        assert idle < 0.2, f"vLLM's processes used {idle:.2f} s of CPU in 1 s idle: they still spin"
+        windows = []  # CPU seconds of vLLM's processes in successive idle seconds: one quiet second is enough (a
+        for _ in range(10):  # spinning loop would never give one; a busy machine's stray second does not fail it)
+            before = [cpu_seconds(pid) for pid in engine]
+            time.sleep(1.0)
+            windows.append(sum(b - a for a, b in zip(before, [cpu_seconds(pid) for pid in engine], strict=True)))
+            if windows[-1] < 0.2:
+                break
+        assert windows[-1] < 0.2, f"vLLM's processes used {windows} s of CPU in successive idle seconds: they spin"
     finally:
         vh.close(llm)
