@@ -95,12 +95,14 @@ class BranchPasses:
             q_pos = torch.where(real, pos, -1)[:, None]
             sees = SlotRows(f["slot"], q_pos, f["known_from"], f["gap_lo"], f["gap_hi"], scratch=f["scratch"],
                             scratch_from=f["base"] + 1)
-            attend = StepAttention(self.cache, self.chunks, self.backend, f["scratch"], pos, sees, self._width(pos))
+            attend = StepAttention(self.cache, self.chunks, self.backend, f["scratch"], pos, sees, self.width)
             out, hid = self.head(tok, hid, pos, attend)
             tok = self.head.greedy(out)
             drafts.append(tok)
         self.drafts[:rows, :k].copy_(torch.stack(drafts, dim=1))
 
-    def _width(self, pos: torch.Tensor) -> int | None:
-        """The torch backend reads every position (its key width must not depend on the call); Triton reads none."""
+    @property
+    def width(self) -> int | None:
+        """Keys the torch backend reads: every position (a graph's width must not depend on the call); the Triton
+        kernel reads each row's own range."""
         return self.cache.max_len if self.backend == "torch" else None
