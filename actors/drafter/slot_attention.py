@@ -107,12 +107,12 @@ def visible(
 
 def _torch_attention(q, cache_k, cache_v, rows: SlotRows, chunk: int | None, width: int) -> torch.Tensor:
     num_seqs, num_rows, num_heads, head_dim = q.shape
-    keys = cache_k.index_select(0, rows.slots)[:, :width]  # [B, W, kv_heads, head_dim]
-    values = cache_v.index_select(0, rows.slots)[:, :width]
+    keys = cache_k[:, :width].index_select(0, rows.slots)  # [B, W, kv_heads, head_dim]: the window only
+    values = cache_v[:, :width].index_select(0, rows.slots)
     if rows.scratch is not None:
         later = (torch.arange(width, device=q.device) >= rows.scratch_from[:, None])[:, :, None, None]  # [B, W, 1, 1]
-        keys = torch.where(later, cache_k.index_select(0, rows.scratch)[:, :width], keys)
-        values = torch.where(later, cache_v.index_select(0, rows.scratch)[:, :width], values)
+        keys = torch.where(later, cache_k[:, :width].index_select(0, rows.scratch), keys)
+        values = torch.where(later, cache_v[:, :width].index_select(0, rows.scratch), values)
     mask = visible(rows, torch.arange(width, device=q.device), chunk)  # [B, R, W]
     seen = mask.any(-1, keepdim=True)  # [B, R, 1]: padding rows see nothing
     mask = mask | ~seen  # ... so let them see everything (kept finite), then zero them
