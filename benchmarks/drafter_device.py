@@ -185,19 +185,11 @@ def floor_passes(head: DraftHead, ids: torch.Tensor, hidden: torch.Tensor, posit
 
 @torch.inference_mode()
 def floor_step(head: DraftHead, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """ids [B * 2], hidden [B * 2, fused] (host), positions [B * 2] -> drafts [B, K]: the engine's passes, no cache."""
-    device = head.embed_tokens.weight.device
-    out, fed = head(ids.to(device), head.combine(hidden.to(device, head.embed_tokens.weight.dtype)),
-                    positions.to(device), self_attend)
-    last = torch.arange(ROWS_PER_DECODE - 1, ids.shape[0], ROWS_PER_DECODE, device=device)
-    out, fed, pos = out[last], fed[last], positions.to(device)[last]
-    drafts = []
-    for j in range(K):
-        tok = head.greedy(out)
-        drafts.append(tok)
-        if j + 1 < K:
-            out, fed = head(tok, fed, pos + j + 1, self_attend)
-    return torch.stack(drafts, dim=1).cpu()
+    """ids [B * 2], hidden [B * 2, fused] (host), positions [B * 2] -> drafts [B, K]: the engine's passes, no cache,
+    the inputs copied from the host first."""
+    weight = head.embed_tokens.weight
+    return floor_passes(head, ids.to(weight.device), hidden.to(weight.device, weight.dtype),
+                        positions.to(weight.device)).cpu()
 
 
 @torch.inference_mode()

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from actors.drafter.cuda_graphs import GraphRunner
-from actors.drafter.decode_step import StepAttention, batch_sizes
+from actors.drafter.decode_step import PinnedInts, StepAttention, batch_sizes, read_back
 from actors.drafter.kv_cache import DraftKVCache
 from actors.drafter.slot_attention import Backend, SlotRows
 from actors.eagle.heads import DraftHead
@@ -38,10 +38,7 @@ class BranchPasses:
         self.sizes = batch_sizes(cache.scratch_slots)
         rows = self.max_rows = self.sizes[-1]
         pinned = self.device.type == "cuda"
-        self.meta = torch.zeros(len(FIELDS) * rows, dtype=torch.long, device=self.device)
-        self.meta_host = torch.zeros(len(FIELDS) * rows, dtype=torch.long, pin_memory=pinned)
-        self.fields = {name: self.meta[i * rows : (i + 1) * rows] for i, name in enumerate(FIELDS)}
-        self.host_fields = {name: self.meta_host[i * rows : (i + 1) * rows].numpy() for i, name in enumerate(FIELDS)}
+        self.meta = PinnedInts(dict.fromkeys(FIELDS, rows), self.device)
         self.tokens = torch.zeros(rows, dtype=torch.long, device=self.device)  # [rows] y (target ids)
         self.feats = torch.zeros(rows, head.spec.hidden_size, dtype=dtype, device=self.device)  # [rows, hidden]
         self.drafts = torch.zeros(rows, max_k, dtype=torch.long, device=self.device)  # [rows, max_k]
@@ -62,15 +59,11 @@ class BranchPasses:
     ) -> torch.Tensor:  # [R, k] target ids (CPU)
         num, padded = slots.shape[0], next(s for s in self.sizes if s >= slots.shape[0])
         self.calls += 1
-        f, cache = self.host_fields, self.cache
-        slot_np = slots.numpy()
-        for name, values in (("slot", slot_np), ("base", base.numpy()), ("known_from", cache.known_from[slots].numpy()),
-                             ("gap_lo", cache.gap_lo[slots].numpy()), ("gap_hi", cache.gap_hi[slots].numpy())):
-            f[name][:padded] = 0
-            f[name][:num] = values
-        f["base"][num:padded] = -1  # padding rows
-        f["scratch"][:padded] = cache.scratch_slot(0) + np.arange(padded)
-        self.meta.copy_(self.meta_host, non_blocking=True)
+        meta = self.meta
+        meta.put_slots(self.cache, slots, padded)
+        meta.put("base", base.numpy(), padded, pad=-1)  # -1: a padding row
+        meta.put("scratch", self.cache.scratch_slot(0) + np.arange(padded), padded)
+        meta.upload()
         self.tokens[:num].copy_(first)
         self.feats[:num].copy_(feats)
         shape = (padded, k)
@@ -78,16 +71,12 @@ class BranchPasses:
             self.graphs.run(shape)
         else:
             self._forward(shape)
-        if self.device.type == "cuda":
-            self.drafts_host[:num].copy_(self.drafts[:num], non_blocking=True)
-            torch.cuda.current_stream(self.device).synchronize()
-            return self.drafts_host[:num, :k].clone()
-        return self.drafts[:num, :k].clone()
+        return read_back(self.drafts, self.drafts_host, num, k)
 
     def _forward(self, shape: tuple[int, int]) -> None:
         """k passes over the buffers' first ``rows`` branch rows; drafts into ``drafts[:rows, :k]``."""
         rows, k = shape
-        f = {name: t[:rows] for name, t in self.fields.items()}
+        f = {name: t[:rows] for name, t in self.meta.fields.items()}
         real = f["base"] >= 0
         tok, hid, drafts = self.tokens[:rows], self.feats[:rows], []
         for i in range(k):

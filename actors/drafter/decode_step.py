@@ -51,25 +51,59 @@ ROW_FIELDS = ("ids", "row_src", "write_pos", "q_pos", "write_slot")  # [Bp * R] 
 SEQ_FIELDS = ("slot", "known_from", "gap_lo", "gap_hi", "last_row", "last_pos")  # [Bp] each
 
 
+class PinnedInts:
+    """Named int64 fields, each a fixed view of one device buffer and of its pinned host mirror: filled on the host
+    (``put``), they cross to the device in one ``non_blocking`` copy (``upload``)."""
+
+    def __init__(self, sizes: dict[str, int], device: torch.device) -> None:
+        total = sum(sizes.values())
+        self.device_buffer = torch.zeros(total, dtype=torch.long, device=device)
+        self.host_buffer = torch.zeros(total, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.fields: dict[str, torch.Tensor] = {}  # device views
+        self.host: dict[str, np.ndarray] = {}  # numpy views of the pinned mirror
+        offset = 0
+        for name, size in sizes.items():
+            self.fields[name] = self.device_buffer[offset : offset + size]
+            self.host[name] = self.host_buffer[offset : offset + size].numpy()
+            offset += size
+
+    def put(self, name: str, values: np.ndarray, padded: int, pad: int = 0) -> None:
+        """``values`` [n] into the first n entries of field ``name``, ``pad`` in the rest up to ``padded``."""
+        field = self.host[name]
+        field[:padded] = pad
+        field[: len(values)] = values
+
+    def put_slots(self, cache: DraftKVCache, slots: torch.Tensor, padded: int) -> None:
+        """Fields ``slot``, ``known_from``, ``gap_lo``, ``gap_hi`` of these slots [n] (CPU): what attention reads
+        (``SlotRows``); padding entries 0."""
+        self.put("slot", slots.numpy(), padded)
+        for name in ("known_from", "gap_lo", "gap_hi"):
+            self.put(name, getattr(cache, name)[slots].numpy(), padded)
+
+    def upload(self) -> None:
+        self.device_buffer.copy_(self.host_buffer, non_blocking=True)
+
+
+def read_back(drafts: torch.Tensor, drafts_host: torch.Tensor, num: int, k: int) -> torch.Tensor:
+    """The first ``num`` rows, ``k`` columns of a persistent device buffer of drafts, on the host: one copy of whole
+    rows into its pinned mirror, then the one wait of the step."""
+    if drafts.device.type != "cuda":
+        return drafts[:num, :k].clone()
+    drafts_host[:num].copy_(drafts[:num], non_blocking=True)
+    torch.cuda.current_stream(drafts.device).synchronize()
+    return drafts_host[:num, :k].clone()
+
+
 class _Buffers:
     """Persistent device buffers for up to ``max_batch`` sequences of ``max_rows`` rows, and their pinned host
-    mirrors. Every field is a fixed view of one int64 buffer, so the step's metadata crosses in one copy."""
+    mirrors."""
 
     def __init__(self, max_batch: int, max_rows: int, hidden_width: int, max_k: int, dtype: torch.dtype,
                  device: torch.device) -> None:
         self.max_batch, self.max_rows = max_batch, max_rows
         rows = max_batch * max_rows
-        sizes = [rows] * len(ROW_FIELDS) + [max_batch] * len(SEQ_FIELDS)
         pinned = device.type == "cuda"
-        self.meta = torch.zeros(sum(sizes), dtype=torch.long, device=device)
-        self.meta_host = torch.zeros(sum(sizes), dtype=torch.long, pin_memory=pinned)
-        self.fields: dict[str, torch.Tensor] = {}  # device views
-        self.host_fields: dict[str, np.ndarray] = {}  # numpy views of the pinned mirror
-        offset = 0
-        for name, size in zip(ROW_FIELDS + SEQ_FIELDS, sizes, strict=True):
-            self.fields[name] = self.meta[offset : offset + size]
-            self.host_fields[name] = self.meta_host[offset : offset + size].numpy()
-            offset += size
+        self.meta = PinnedInts({**dict.fromkeys(ROW_FIELDS, rows), **dict.fromkeys(SEQ_FIELDS, max_batch)}, device)
         self.hidden = torch.zeros(rows, hidden_width, dtype=dtype, device=device)  # [rows, fused_hidden_size]
         # Two pinned staging buffers, alternating: a step's rows are copied in while the last one's copy may run.
         self.staging = [torch.zeros(rows, hidden_width, dtype=dtype, pin_memory=True) for _ in range(2)] \
@@ -139,19 +173,15 @@ class DecodeStep:
         else:
             self._forward(shape)
         self.launched_at = time.perf_counter()  # the host's part of the step ends here (the device check reads it)
-        num_seqs, k, buf = len(step.seqs), shape.k, self.buffers
-        if self.device.type == "cuda":
-            buf.drafts_host[:num_seqs].copy_(buf.drafts[:num_seqs], non_blocking=True)  # whole rows: one copy
-            torch.cuda.current_stream(self.device).synchronize()
-            return buf.drafts_host[:num_seqs, :k].clone(), last_pos
-        return buf.drafts[:num_seqs, :k].clone(), last_pos
+        return read_back(self.buffers.drafts, self.buffers.drafts_host, len(step.seqs), shape.k), last_pos
 
     # --- host side ----------------------------------------------------------------------------------------------
     def _pack(self, step: DraftStep, slots: torch.Tensor, shape: StepShape) -> torch.Tensor:
         """Fill the pinned metadata for ``shape`` (module docstring's worked example) and copy it to the device.
         Returns each sequence's last real position [B] (CPU)."""
         num_seqs, bp, r = len(step.seqs), shape.batch, shape.rows
-        f = self.buffers.host_fields
+        meta = self.buffers.meta
+        f = meta.host
         trash = self.cache.max_len - 1
         counts = np.fromiter((s.num_tokens for s in step.seqs), np.int64, num_seqs)
         starts = np.fromiter((s.start for s in step.seqs), np.int64, num_seqs)
@@ -173,17 +203,12 @@ class DecodeStep:
         q_pos[:num_seqs] = np.where(real, pos, -1)
         write_slot[:] = 0
         write_slot[:num_seqs] = slot_np[:, None]
-        cache = self.cache
-        for name, values in (("slot", slot_np), ("known_from", cache.known_from[slots].numpy()),
-                             ("gap_lo", cache.gap_lo[slots].numpy()), ("gap_hi", cache.gap_hi[slots].numpy())):
-            f[name][:bp] = 0
-            f[name][:num_seqs] = values
+        meta.put_slots(self.cache, slots, bp)
         last = pos[np.arange(num_seqs), counts - 1]
         f["last_row"][:bp] = np.arange(bp) * r
         f["last_row"][:num_seqs] += counts - 1
-        f["last_pos"][:bp] = -1
-        f["last_pos"][:num_seqs] = last
-        self.buffers.meta.copy_(self.buffers.meta_host, non_blocking=True)
+        meta.put("last_pos", last, bp, pad=-1)
+        meta.upload()
         return torch.from_numpy(last.copy())
 
     def _stage_hidden(self, hidden: torch.Tensor) -> None:
@@ -200,7 +225,7 @@ class DecodeStep:
     def _forward(self, shape: StepShape) -> None:
         """The step's passes over the buffers' views for ``shape``; drafts into ``buffers.drafts[:Bp, :k]``."""
         bp, r, k = shape.batch, shape.rows, shape.k
-        f, n, head = self.buffers.fields, shape.batch * shape.rows, self.head
+        f, n, head = self.buffers.meta.fields, shape.batch * shape.rows, self.head
         seq = {name: f[name][:bp] for name in SEQ_FIELDS}
         rows = SlotRows(seq["slot"], f["q_pos"][:n].view(bp, r), seq["known_from"], seq["gap_lo"], seq["gap_hi"])
         attend = StepAttention(self.cache, self.chunks, self.backend, f["write_slot"][:n], f["write_pos"][:n], rows,

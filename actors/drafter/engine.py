@@ -102,6 +102,7 @@ class CacheAttention:
     def __init__(self, cache: DraftKVCache, batch: _Batch, chunk_sizes: dict[int, int | None],
                  backend: Backend = "torch") -> None:
         self.cache, self.b, self.chunks, self.backend = cache, batch, chunk_sizes, backend
+        self._slot_rows: SlotRows | None = None  # the Triton kernel's metadata (``_slot_attention``)
         b = batch
         num_seqs = b.slots.numel()
         # A decode pass (one row per sequence, in sequence order) needs no padding and no scatter of its rows.
@@ -190,11 +191,11 @@ class CacheAttention:
         """The Triton kernel over the cache in place (``actors.drafter.slot_attention``): on CUDA, no window copy,
         no mask, no per-shape plan."""
         b, dev, cache = self.b, self.b.on_device, self.cache
-        slots = b.slots.to(b.device)
-        rows = SlotRows(slots, self.q_pos_d, self.known_from_d, cache.gap_lo[b.slots].to(b.device),
-                        cache.gap_hi[b.slots].to(b.device))
-        out = slot_attention(self._padded_queries(q), cache.k[layer], cache.v[layer], rows, self.chunks[layer],
-                             "triton")
+        if self._slot_rows is None:  # once per pass, not per layer
+            self._slot_rows = SlotRows(b.slots.to(b.device), self.q_pos_d, self.known_from_d,
+                                       cache.gap_lo[b.slots].to(b.device), cache.gap_hi[b.slots].to(b.device))
+        out = slot_attention(self._padded_queries(q), cache.k[layer], cache.v[layer], self._slot_rows,
+                             self.chunks[layer], "triton")
         return out[:, 0] if self.one_row else out[dev["row_seq"], dev["row_local"]]  # [N, heads * head_dim]
 
     def __call__(self, layer: int, q, k, v, positions) -> torch.Tensor:
