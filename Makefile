@@ -28,7 +28,7 @@ demo: $(STAMP)
 	$(PY) -m cluster.demo
 
 serve: $(STAMP)
-	$(SERVE_ENV) $(VENV)/bin/serve run deploy/cpu.yaml
+	$(SERVE_ENV) $(PY) -m cluster.serve_cli run deploy/cpu.yaml  # = serve run, with a bounded Ctrl-C
 
 # serve deploy against a long-lived Ray cluster (started here if none is running); RAY_AUTH_MODE: see README.
 deploy: $(STAMP)

@@ -30,7 +30,8 @@ own flags, named like the YAML ``args`` they set, each value read as YAML reads 
     --write-config FILE    write the two-application YAML (what ``serve deploy`` / ``serve run`` take) and exit
     --address URL          ``serve deploy`` it to a running Ray cluster (its dashboard, as ``serve deploy -a``)
 
-Without ``--write-config`` / ``--address`` it runs ``serve run`` on the YAML in the foreground (Ctrl-C stops it).
+Without ``--write-config`` / ``--address`` it runs ``serve run`` on the YAML in the foreground (Ctrl-C stops it within
+``cluster.serve_cli.GRACE_S`` seconds).
 
     eagle-cluster serve models/llama4-tiny --max-model-len 1024 \\
         --speculative-config '{"method": "eagle3", "model": "models/eagle3-llama4-tiny", "num_speculative_tokens": 3}'
@@ -254,12 +255,12 @@ def _check_serve_schema(doc: dict[str, Any]) -> None:
 
 
 def _serve_cli(*argv: str) -> None:
-    """Become Ray's ``serve`` command (a fresh process: nothing of vLLM imported, Ctrl-C as ``serve run`` takes it)."""
-    code = "import sys; from ray.serve.scripts import cli; sys.argv[0] = 'serve'; sys.exit(cli())"
+    """Become Ray's ``serve`` command (a fresh process: nothing of vLLM imported), with ``cluster.serve_cli``'s
+    bound on Ctrl-C."""
     serve_env.apply()  # `serve run` starts Ray here: its Serve processes take the product's defaults
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-c", code, *argv])
+    os.execv(sys.executable, [sys.executable, "-m", "cluster.serve_cli", *argv])
 
 
 def serve(argv: list[str]) -> int:

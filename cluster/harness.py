@@ -128,19 +128,35 @@ def wait_healthy(proc: subprocess.Popen, base: str = HTTP, timeout_s: float = 60
     raise TimeoutError(f"server not healthy in {timeout_s} s")
 
 
-def stop(proc: subprocess.Popen) -> None:
-    """SIGINT to the server's process group, SIGKILL after two minutes; then ``ray stop`` (what ``serve run`` left).
+def stop(proc: subprocess.Popen) -> float:
+    """SIGINT to the server's process group (a terminal's Ctrl-C), SIGKILL after two minutes; then ``ray stop`` (what
+    a plain ``serve run`` left). Returns the seconds from SIGINT to the server's exit.
 
-    Ctrl-C stops ``serve run`` in ~5 s here; in two CI runs on a loaded machine one stop took over a minute (cause not
-    found: it did not recur alone). Serve gives each replica up to its graceful-shutdown timeout (20 s)."""
+    ``eagle-cluster serve`` (``cluster.serve_cli``) bounds its own stop at ``GRACE_S``; a plain ``serve run`` has no
+    bound, and on a loaded machine one took over a minute."""
+    start = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)
     try:
         proc.wait(timeout=120)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    took = time.monotonic() - start
     subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True)
     kill_orphaned_haproxy()
+    return took
+
+
+def session_processes(sid: int) -> list[int]:
+    """The live processes of session ``sid`` (``start`` gives each server a session of its own: its pid)."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["pid", "status"]):
+        with contextlib.suppress(psutil.Error):
+            if os.getsid(p.info["pid"]) == sid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(p.info["pid"])
+    return out
 
 
 def kill_orphaned_haproxy() -> list[int]:

@@ -3,7 +3,9 @@
 vLLM keeps process-global state (its distributed groups, the kernel registry) that a long sequence of engines
 built and torn down in one process can leave inconsistent (seen here: "tensor model parallel group is not
 initialized" in an engine built after many others); users run one engine per process, and so do these tests.
-Prints one closing line, ``total: N passed, N failed, N skipped``, and exits non-zero if anything failed.
+Prints each process's wall time, the slowest first, and one closing line, ``total: N passed, N failed, N
+skipped``; exits non-zero if anything failed. ``--durations=20`` (passed through to pytest) names the slowest tests
+and fixtures inside each process.
 
     python -m tests.run_isolated [pytest args...]
 """
@@ -14,6 +16,7 @@ import ast
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -54,14 +57,20 @@ def main() -> int:
     groups = [[f"--ignore={m}" for m in isolated] + ["tests"]] + [[m] for m in isolated]
     passed = failed = skipped = 0
     worst = 0
+    walls: list[tuple[float, str]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, group in enumerate(groups):
             xml = Path(tmp) / f"{i}.xml"
+            start = time.monotonic()
             rc = run(group, extra, xml)
+            walls.append((time.monotonic() - start, group[-1] if len(group) == 1 else "tests (the rest, one process)"))
             p, f, s = counts(xml)
             passed, failed, skipped = passed + p, failed + f, skipped + s
             if rc not in (0, 5):  # 5: no tests collected (e.g. everything deselected)
                 worst = rc or 1
+    for wall, name in sorted(walls, reverse=True):
+        print(f"{wall:7.1f} s  {name}")
+    print(f"{sum(w for w, _ in walls):7.1f} s  in all")
     print(f"total: {passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed or worst else 0
 

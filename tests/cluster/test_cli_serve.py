@@ -12,8 +12,10 @@ import sys
 import pytest
 
 from cluster import dashboard
-from cluster.harness import HTTP, get, load_prompts, serve_run, start, stop, wait_healthy
+from cluster.harness import HTTP, get, load_prompts, serve_run, session_processes, start, stop, wait_healthy
+from cluster.serve_cli import GRACE_S
 from tests.conftest import ROOT
+from tests.waits import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.isolated]
 
@@ -61,9 +63,15 @@ def test_cli_serves_greedy_identical_to_target_only(reference, tmp_path):
         assert served_texts("models/llama4-tiny", list(reference)) == reference
         status, body = get("/metrics")
         assert status == 200 and b"vllm:spec_decode_num_drafts_total" in body
+        before = session_processes(proc.pid)
     finally:
-        stop(proc)
-    assert proc.returncode != -signal.SIGKILL  # Ctrl-C (SIGINT) stopped it, as it stops serve run
+        took = stop(proc)
+    # Ctrl-C (SIGINT to the process group, as a terminal sends it) stops the server itself, within its bound, and
+    # every process it started with it (Ray's, vLLM's engine processes, HAProxy).
+    assert proc.returncode != -signal.SIGKILL, "the harness had to SIGKILL it"
+    assert took < GRACE_S + 20, f"stopped {took:.1f} s after Ctrl-C"
+    assert len(before) > 3  # Ray's GCS, raylet, workers: the check below would find a live one
+    assert wait_for(lambda: not session_processes(proc.pid), timeout_s=30), session_processes(proc.pid)
 
 
 def test_written_config_serve_run_same_outputs_and_dashboard_metrics(reference, tmp_path):
