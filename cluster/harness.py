@@ -199,6 +199,12 @@ def get(path: str, timeout: float = 5.0, base: str = HTTP) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
+def metric(name: str, base: str = HTTP) -> float:
+    """One gauge or counter from the server's ``/metrics``, summed over its label sets."""
+    text = get("/metrics", base=base)[1].decode()
+    return sum(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith((name + "{", name + " ")))
+
+
 def post(path: str, body: bytes, headers: dict | None = None, timeout: float = 60, base: str = HTTP
          ) -> tuple[int, dict]:
     """(status, JSON body), or ``{"raw": text}`` for a body that is not JSON (server-sent events)."""

@@ -9,6 +9,12 @@ from typing import Any
 from cluster.config import IngressConfig
 from cluster.verifier_reply import VerifierReply
 from cluster.verifier_server import VerifierServer
+from tests.conftest import EAGLE3, TARGET
+
+CFG = {
+    "verifier": {"model": str(TARGET), "served_model_name": "llama4-tiny"},
+    "speculative_config": {"method": "eagle3", "model": str(EAGLE3), "num_speculative_tokens": 3},
+}
 
 COMPLETION = {"object": "text_completion", "model": "llama4-tiny",
               "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}],
@@ -47,3 +53,17 @@ class FakeEngine:
 class FakeVerifierServer(VerifierServer):
     def __init__(self, ingress: dict[str, Any], model_name: str = "llama4-tiny") -> None:
         self._serve(FakeEngine(), IngressConfig.model_validate(ingress), model_name)
+
+
+def make_server(verifier=None, **ingress_cfg) -> VerifierServer:
+    """The verifier replica (its HTTP / gRPC surfaces) in front of ``verifier``, a fake engine by default."""
+    return VerifierServer.with_engine(verifier or FakeEngine(), IngressConfig.model_validate(ingress_cfg),
+                                      "llama4-tiny")
+
+
+def http_client(**ingress_cfg):
+    """A starlette ``TestClient`` on the ASGI app Serve would build for the replica, and its fake engine."""
+    from starlette.testclient import TestClient
+
+    verifier = FakeEngine()
+    return TestClient(make_server(verifier, **ingress_cfg).__serve_build_asgi_app__()), verifier

@@ -15,13 +15,7 @@ from cluster import deploy_yaml, serve_env
 from cluster.app import DRAFTER_FRONT, build_app, build_drafter_app
 from cluster.config import APP_NAME, DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT
 from cluster.drafter_pool.router import SequenceAffinityRouter
-
-
-def drafter_deployment(app):
-    """The ``Drafter`` deployment of a built drafter application, behind its plain front when Serve's HAProxy
-    ingress is on (``cluster.app.build_drafter_app``)."""
-    bound = app._bound_deployment  # Serve keeps it privately
-    return bound.init_args[0]._bound_deployment if bound.name == DRAFTER_FRONT else bound
+from tests.cluster.configs import drafter_deployment
 
 
 def _versions(doc: dict) -> dict[str, str]:

@@ -4,32 +4,18 @@ the field."""
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import yaml
-from pydantic import ValidationError
 
 from actors.drafter.branches import BranchConfig
 from actors.drafter.config import DrafterEngineConfig, DrafterSettings
 from cluster import deploy_yaml
-from cluster.config import APP_NAME, DRAFTER_APP_NAME, DrafterPoolConfig, EagleClusterConfig
+from cluster.config import DRAFTER_APP_NAME, DrafterPoolConfig, EagleClusterConfig
+from tests.cluster.configs import CPU, POOL, app_args, config_error
 from tests.conftest import EAGLE1, EAGLE3, ROOT, TARGET
 
 YAMLS = sorted((ROOT / "deploy").glob("*.yaml"))
-CPU = {
-    "verifier": {"model": str(TARGET)},
-    "speculative_config": {"method": "eagle3", "model": str(EAGLE3), "num_speculative_tokens": 3},
-}
-POOL = {"target": str(TARGET), "head": str(EAGLE3)}  # the drafter application's args, at their least
-
-
-def app_args(path: Path, name: str = APP_NAME) -> dict:
-    doc = deploy_yaml.load(path)
-    assert [a["import_path"] for a in doc["applications"]] == ["cluster.app:build_app", "cluster.app:build_drafter_app"]
-    return deploy_yaml.app_args(doc, name)
-
-
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
 def test_deploy_yaml_validates(path, monkeypatch):
     monkeypatch.chdir(ROOT)
@@ -57,18 +43,12 @@ def test_seed_json_pastes_as_is():
     assert "prefill_token_shift" not in cfg.speculative_config.for_vllm()
 
 
-def _error(args, schema: type = EagleClusterConfig) -> str:
-    with pytest.raises(ValidationError) as e:
-        schema.model_validate(args)
-    return str(e.value)
-
-
 def _pool(**drafter) -> DrafterPoolConfig:
     return DrafterPoolConfig.model_validate({**POOL, **drafter})
 
 
 def _pool_error(**drafter) -> str:
-    return _error({**POOL, **drafter}, DrafterPoolConfig)
+    return config_error({**POOL, **drafter}, DrafterPoolConfig)
 
 
 @pytest.mark.parametrize(
@@ -87,14 +67,14 @@ def _pool_error(**drafter) -> str:
 def test_bad_config_names_the_field(path, value, expect):
     args = copy.deepcopy(CPU)
     args.setdefault(path[0], {})[path[1]] = value
-    assert expect in _error(args)
+    assert expect in config_error(args)
 
 
 def test_drafter_for_another_target(toy_heads):
     _, heads = toy_heads
     args = copy.deepcopy(CPU)
     args["speculative_config"] = {"method": "eagle", "model": str(heads["eagle1"]), "num_speculative_tokens": 3}
-    msg = _error(args)
+    msg = config_error(args)
     assert "speculative_config.model" in msg and "vocab_size 300 != the target's vocab_size 4096" in msg
     msg = _pool_error(head=str(heads["eagle1"]))
     assert "head" in msg and "vocab_size 300 != the target's vocab_size 4096" in msg
@@ -175,14 +155,14 @@ def test_grpc_needs_a_key_or_an_explicit_opt_in():
     """Serve's gRPC proxy listens on all interfaces: gRPC without a key is refused unless asked for by name."""
     args = copy.deepcopy(CPU)
     args["ingress"] = {"grpc": {"enabled": True}}
-    msg = _error(args)
+    msg = config_error(args)
     assert "ingress.api_key" in msg and "allow_unauthenticated" in msg
     args["ingress"] = {"grpc": {"enabled": True}, "api_key": "k"}
     assert EagleClusterConfig.model_validate(args).ingress.grpc.enabled
     args["ingress"] = {"grpc": {"enabled": True, "allow_unauthenticated": True}}
     assert EagleClusterConfig.model_validate(args).ingress.api_key is None
     args["ingress"] = {"api_key": ""}
-    assert "ingress.api_key" in _error(args)
+    assert "ingress.api_key" in config_error(args)
 
 
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
@@ -208,7 +188,7 @@ def test_test_servers_grpc_config_validates(tmp_path):
 def test_metrics_behind_a_key_needs_a_key():
     args = copy.deepcopy(CPU)
     args["ingress"] = {"metrics_require_api_key": True}
-    assert "ingress.metrics_require_api_key" in _error(args)
+    assert "ingress.metrics_require_api_key" in config_error(args)
     args["ingress"]["api_key"] = "k"
     assert EagleClusterConfig.model_validate(args).ingress.metrics_require_api_key
 
@@ -217,7 +197,7 @@ def test_metrics_behind_a_key_needs_a_key():
 def test_admission_limits_name_the_field(field):
     args = copy.deepcopy(CPU)
     args["ingress"] = {field: 0}
-    assert f"ingress.{field}" in _error(args)
+    assert f"ingress.{field}" in config_error(args)
 
 
 def test_drafter_engine_options():

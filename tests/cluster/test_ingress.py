@@ -10,18 +10,10 @@ import json
 import pytest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-from cluster.config import IngressConfig
 from cluster.errors import INTERNAL_MESSAGE, BadRequest, GrpcAbort, grpc_code
 from cluster.openai_requests import parse_request
 from cluster.verifier_reply import VerifierReply
-from cluster.verifier_server import VerifierServer
-from tests.cluster.fake_verifier import FakeEngine
-from tests.conftest import EAGLE3, TARGET
-
-CFG = {
-    "verifier": {"model": str(TARGET), "served_model_name": "llama4-tiny"},
-    "speculative_config": {"method": "eagle3", "model": str(EAGLE3), "num_speculative_tokens": 3},
-}
+from tests.cluster.fake_verifier import FakeEngine, http_client, make_server
 
 
 @pytest.mark.parametrize(
@@ -49,9 +41,6 @@ def test_parse_request_accepts_openai_body():
     assert req.max_tokens == 3
 
 
-FakeVerifier = FakeEngine
-
-
 class _GrpcContext:
     def __init__(self, metadata) -> None:
         self.metadata, self.code, self.details = metadata, None, None
@@ -66,18 +55,6 @@ class _GrpcContext:
         self.details = details
 
 
-def _ingress(verifier=None, **ingress_cfg) -> VerifierServer:
-    return VerifierServer.with_engine(verifier or FakeEngine(), IngressConfig.model_validate(ingress_cfg),
-                                      "llama4-tiny")
-
-
-def _http(**ingress_cfg):
-    from starlette.testclient import TestClient
-
-    verifier = FakeVerifier()
-    return TestClient(_ingress(verifier, **ingress_cfg).__serve_build_asgi_app__()), verifier
-
-
 COMPLETION = {"prompt": "x", "max_tokens": 2}
 KEY = {"authorization": "Bearer s3cret"}
 
@@ -87,7 +64,7 @@ def test_api_key_on_http_and_grpc():
 
     from cluster.proto import eagle_cluster_pb2 as pb
 
-    http, verifier = _http(api_key="s3cret", grpc={"enabled": True})
+    http, verifier = http_client(api_key="s3cret", grpc={"enabled": True})
     for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "s3cret"}):
         r = http.post("/v1/completions", json=COMPLETION, headers=headers)
         assert r.status_code == 401 and r.json()["error"]["type"] == "AuthenticationError"
@@ -97,7 +74,7 @@ def test_api_key_on_http_and_grpc():
     r = http.post("/v1/completions", json=COMPLETION, headers=KEY)
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == "ok" and verifier.calls == 1
     assert http.get("/v1/models", headers=KEY).json()["data"][0]["id"] == "llama4-tiny"
-    ingress = _ingress(api_key="s3cret", grpc={"enabled": True})
+    ingress = make_server(api_key="s3cret", grpc={"enabled": True})
     ctx = _GrpcContext([("authorization", "Bearer wrong")])
     reply = asyncio.run(ingress.Generate(pb.GenerateRequest(prompt="x"), ctx))
     assert ctx.code == grpc.StatusCode.UNAUTHENTICATED and reply.text == ""
@@ -112,7 +89,7 @@ def test_grpc_off_unless_the_config_turns_it_on():
 
     from cluster.proto import eagle_cluster_pb2 as pb
 
-    ingress = _ingress(api_key="s3cret")
+    ingress = make_server(api_key="s3cret")
     ctx = _GrpcContext([("authorization", "Bearer s3cret")])
     reply = asyncio.run(ingress.Generate(pb.GenerateRequest(prompt="x"), ctx))
     assert ctx.code == grpc.StatusCode.UNIMPLEMENTED and "ingress.grpc.enabled" in ctx.details and reply.text == ""
@@ -129,13 +106,13 @@ async def _drain(agen) -> list:
 def test_grpc_without_key_only_when_opted_in():
     from cluster.proto import eagle_cluster_pb2 as pb
 
-    ingress = _ingress(grpc={"enabled": True, "allow_unauthenticated": True})
+    ingress = make_server(grpc={"enabled": True, "allow_unauthenticated": True})
     ctx = _GrpcContext([])
     assert ingress._grpc_request(pb.GenerateRequest(prompt="x"), ctx) and ctx.code is None
 
 
 def test_no_api_key_means_open():
-    http, verifier = _http()
+    http, verifier = http_client()
     assert http.post("/v1/completions", json=COMPLETION).status_code == 200 and verifier.calls == 1
     assert http.get("/v1/models").status_code == 200
     assert http.get("/openapi.json").status_code == 200 and http.get("/docs").status_code == 200
@@ -145,7 +122,7 @@ def test_no_api_key_means_open():
 def test_docs_behind_the_key():
     """/openapi.json lists every route: it needs the key; /docs and /redoc (browser pages, which cannot send the
     key) are off when there is one."""
-    http, _ = _http(api_key="s3cret")
+    http, _ = http_client(api_key="s3cret")
     assert http.get("/openapi.json").status_code == 401
     assert "/v1/completions" in http.get("/openapi.json", headers=KEY).json()["paths"]
     for path in ("/docs", "/redoc"):
@@ -155,9 +132,9 @@ def test_docs_behind_the_key():
 
 
 def test_health_open_metrics_behind_the_key_when_configured():
-    http, _ = _http(api_key="s3cret")
+    http, _ = http_client(api_key="s3cret")
     assert http.get("/health").status_code == 200 and http.get("/metrics").status_code == 200
-    http, _ = _http(api_key="s3cret", metrics_require_api_key=True)
+    http, _ = http_client(api_key="s3cret", metrics_require_api_key=True)
     assert http.get("/health").status_code == 200
     assert http.get("/metrics").status_code == 401
     r = http.get("/metrics", headers=KEY)
@@ -165,7 +142,7 @@ def test_health_open_metrics_behind_the_key_when_configured():
 
 
 def test_body_over_the_limit_is_413_before_the_verifier():
-    http, verifier = _http(max_body_bytes=1024)
+    http, verifier = http_client(max_body_bytes=1024)
     big = json.dumps({"prompt": "x" * 2000, "max_tokens": 2}).encode()
     r = http.post("/v1/completions", content=big, headers={"content-type": "application/json"})
     assert r.status_code == 413 and "ingress.max_body_bytes" in r.json()["error"]["message"]
@@ -178,7 +155,7 @@ def test_body_over_the_limit_is_413_before_the_verifier():
 
 
 def test_n_over_the_limit_is_400_naming_n():
-    http, verifier = _http(max_n=2)
+    http, verifier = http_client(max_n=2)
     r = http.post("/v1/completions", json={**COMPLETION, "n": 3})
     assert r.status_code == 400 and r.json()["error"]["param"] == "n" and "at most 2" in r.json()["error"]["message"]
     r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "n": 9})
@@ -187,7 +164,7 @@ def test_n_over_the_limit_is_400_naming_n():
     assert http.post("/v1/completions", json={**COMPLETION, "n": 2}).status_code == 200
 
 
-class GatedVerifier(FakeVerifier):
+class GatedVerifier(FakeEngine):
     """Completions wait for ``open()``: requests stay in flight for as long as the test wants."""
 
     def __init__(self) -> None:
@@ -206,7 +183,7 @@ def test_overload_is_503_with_retry_after_not_a_queue():
 
     async def scenario() -> None:
         verifier = GatedVerifier()
-        ingress = _ingress(verifier, max_inflight_requests=2, retry_after_s=3)
+        ingress = make_server(verifier, max_inflight_requests=2, retry_after_s=3)
         transport = httpx.ASGITransport(app=ingress.__serve_build_asgi_app__())
         async with httpx.AsyncClient(transport=transport, base_url="http://ingress") as client:
             held = [asyncio.create_task(client.post("/v1/completions", json=COMPLETION)) for _ in range(2)]
@@ -233,7 +210,7 @@ def test_grpc_shares_the_inflight_limit():
 
     from cluster.proto import eagle_cluster_pb2 as pb
 
-    ingress = _ingress(FakeVerifier(), grpc={"enabled": True, "allow_unauthenticated": True}, max_inflight_requests=1)
+    ingress = make_server(FakeEngine(), grpc={"enabled": True, "allow_unauthenticated": True}, max_inflight_requests=1)
     with ingress.inflight.admit():  # one HTTP request in flight
         ctx = _GrpcContext([])
         asyncio.run(ingress.Generate(pb.GenerateRequest(prompt="x"), ctx))
@@ -260,7 +237,7 @@ def test_a_failing_request_gives_its_slot_back():
 OPEN_GRPC = {"grpc": {"enabled": True, "allow_unauthenticated": True}}
 
 
-class ScriptedVerifier(FakeVerifier):
+class ScriptedVerifier(FakeEngine):
     """Completions answer ``items``: one ``VerifierReply`` (a whole answer), or SSE events streamed; then raise
     ``error`` if given (before answering when there are no items, else mid-stream)."""
 
@@ -330,7 +307,7 @@ def test_grpc_relays_the_verifiers_status(stream, status, name):
 
     from cluster.proto import eagle_cluster_pb2 as pb
 
-    ingress = _ingress(ScriptedVerifier([_error_json(status, "max_tokens: too many for this model")]), **OPEN_GRPC)
+    ingress = make_server(ScriptedVerifier([_error_json(status, "max_tokens: too many for this model")]), **OPEN_GRPC)
     replies, ctx, abort = _run_grpc(ingress, pb.GenerateRequest(prompt="x", max_tokens=5), stream)
     assert ctx.code == getattr(grpc.StatusCode, name) and ctx.details == "max_tokens: too many for this model"
     assert (abort is not None) == stream and replies in ([], [pb.GenerateReply()])
@@ -342,8 +319,8 @@ def test_grpc_stream_with_bad_input_ends_invalid_argument():
 
     from cluster.proto import eagle_cluster_pb2 as pb
 
-    verifier = FakeVerifier()
-    ingress = _ingress(verifier, **OPEN_GRPC)
+    verifier = FakeEngine()
+    ingress = make_server(verifier, **OPEN_GRPC)
     replies, ctx, abort = _run_grpc(ingress, pb.GenerateRequest(prompt="", max_tokens=4000000000), stream=True)
     assert replies == [] and abort is not None and verifier.calls == 0
     assert ctx.code == grpc.StatusCode.INVALID_ARGUMENT and "prompt" in ctx.details
@@ -392,7 +369,7 @@ def test_grpc_stream_status_reaches_the_client_through_serves_replica_path():
         def __init__(self, ctx) -> None:
             self.grpc_context = ctx
 
-    ingress = _ingress(FakeVerifier(), **OPEN_GRPC)
+    ingress = make_server(FakeEngine(), **OPEN_GRPC)
     serve_ctx = RayServegRPCContext(RawContext())
 
     async def drain() -> None:
@@ -415,12 +392,12 @@ def test_grpc_error_event_inside_a_stream():
 
     event = json.dumps({"error": {"message": "prompt too long", "type": "BadRequestError", "code": 400}})
     verifier = ScriptedVerifier([_sse("def"), f"data: {event}\n\n", _sse("never")])
-    replies, ctx, abort = _run_grpc(_ingress(verifier, **OPEN_GRPC), pb.GenerateRequest(prompt="x"), stream=True)
+    replies, ctx, abort = _run_grpc(make_server(verifier, **OPEN_GRPC), pb.GenerateRequest(prompt="x"), stream=True)
     assert [r.text for r in replies] == ["def"] and abort is not None
     assert ctx.code == grpc.StatusCode.INVALID_ARGUMENT and ctx.details == "prompt too long"
     event = json.dumps({"error": {"message": "Internal server error", "type": "InternalServerError", "code": 500}})
     verifier = ScriptedVerifier([f"data: {event}\n\n"])
-    _, ctx, abort = _run_grpc(_ingress(verifier, **OPEN_GRPC), pb.GenerateRequest(prompt="x"), stream=True)
+    _, ctx, abort = _run_grpc(make_server(verifier, **OPEN_GRPC), pb.GenerateRequest(prompt="x"), stream=True)
     assert ctx.code == grpc.StatusCode.INTERNAL and abort is not None
 
 
@@ -440,10 +417,10 @@ def test_grpc_dead_verifier_is_unavailable_a_bug_is_internal_without_internals(s
     from cluster.proto import eagle_cluster_pb2 as pb
 
     for error in _dead():
-        ingress = _ingress(ScriptedVerifier(error=error), **OPEN_GRPC)
+        ingress = make_server(ScriptedVerifier(error=error), **OPEN_GRPC)
         _, ctx, _ = _run_grpc(ingress, pb.GenerateRequest(prompt="x"), stream)
         assert ctx.code == grpc.StatusCode.UNAVAILABLE and "verifier unavailable" in ctx.details
-    ingress = _ingress(ScriptedVerifier(error=KeyError("secret_internal_name")), **OPEN_GRPC)
+    ingress = make_server(ScriptedVerifier(error=KeyError("secret_internal_name")), **OPEN_GRPC)
     _, ctx, _ = _run_grpc(ingress, pb.GenerateRequest(prompt="x"), stream)
     assert ctx.code == grpc.StatusCode.INTERNAL and ctx.details == INTERNAL_MESSAGE
 
@@ -453,10 +430,10 @@ def test_http_dead_verifier_is_503_a_bug_is_500(caplog):
     from starlette.testclient import TestClient
 
     for error in _dead():
-        http = TestClient(_ingress(ScriptedVerifier(error=error)).__serve_build_asgi_app__())
+        http = TestClient(make_server(ScriptedVerifier(error=error)).__serve_build_asgi_app__())
         r = http.post("/v1/completions", json=COMPLETION)
         assert r.status_code == 503 and "verifier unavailable" in r.json()["error"]["message"]
-    http = TestClient(_ingress(ScriptedVerifier(error=KeyError("secret_internal_name"))).__serve_build_asgi_app__())
+    http = TestClient(make_server(ScriptedVerifier(error=KeyError("secret_internal_name"))).__serve_build_asgi_app__())
     with caplog.at_level("ERROR", logger="cluster.errors"):
         r = http.post("/v1/completions", json=COMPLETION)
     assert r.status_code == 500 and r.json()["error"]["message"] == INTERNAL_MESSAGE
@@ -468,7 +445,7 @@ def test_http_stream_failure_mid_stream_says_which():
     from starlette.testclient import TestClient
 
     for error, status in [(_dead()[0], 503), (RuntimeError("secret_internal_name"), 500)]:
-        http = TestClient(_ingress(ScriptedVerifier([_sse("a")], error=error)).__serve_build_asgi_app__())
+        http = TestClient(make_server(ScriptedVerifier([_sse("a")], error=error)).__serve_build_asgi_app__())
         r = http.post("/v1/completions", json={**COMPLETION, "stream": True})
         events = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
         assert r.status_code == 200 and events[-1] == "[DONE]" and "secret_internal_name" not in r.text
@@ -476,7 +453,7 @@ def test_http_stream_failure_mid_stream_says_which():
         assert json.loads(events[-2])["error"]["code"] == status
 
 
-class BrokenVerifier(FakeVerifier):
+class BrokenVerifier(FakeEngine):
     """Every call raises ``error`` (as the engine does when its core process is gone, or when it failed)."""
 
     def __init__(self, error: BaseException) -> None:
@@ -493,7 +470,7 @@ def test_models_metrics_health_say_which_without_internals():
     from starlette.testclient import TestClient
 
     for error, status in [(_dead()[0], 503), (RuntimeError("secret_internal_name"), 500)]:
-        http = TestClient(_ingress(BrokenVerifier(error)).__serve_build_asgi_app__())
+        http = TestClient(make_server(BrokenVerifier(error)).__serve_build_asgi_app__())
         for path in ("/v1/models", "/metrics"):
             r = http.get(path)
             assert r.status_code == status and "secret_internal_name" not in r.text
@@ -525,7 +502,7 @@ def test_grpc_abort_survives_the_trip_to_the_proxy():
 def test_tokenize_detokenize_version_routes_and_their_bad_input():
     from cluster.openai_requests import parse_tokenize
 
-    http, _ = _http(api_key="s3cret")
+    http, _ = http_client(api_key="s3cret")
     assert http.post("/tokenize", json={"prompt": "x"}).status_code == 401  # behind the key, like the rest
     r = http.post("/tokenize", json={"prompt": "x"}, headers=KEY)
     assert r.status_code == 200 and r.json()["tokens"] == [1]

@@ -1,7 +1,7 @@
 """Images in chat requests at the verifier replica (``cluster.images``): good data URLs pass to the engine;
 malformed ones, unsupported types, remote URLs (unless allowed) and too many images are a 400 naming the part, and
 the replica keeps serving. Through the HTTP app Serve would build, in front of the fake engine of
-``test_ingress``."""
+``tests.cluster.fake_verifier``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from PIL import Image
 
 from cluster.config import EagleClusterConfig
 from cluster.images import ImageError, check_chat_images, data_url
-from tests.cluster.test_ingress import CFG, FakeVerifier, _http, _ingress
+from tests.cluster.fake_verifier import CFG, FakeEngine, http_client, make_server
 
 
 def _png(w=8, h=6) -> Image.Image:
@@ -50,7 +50,7 @@ BAD = [
 
 @pytest.mark.parametrize(("url", "reason"), BAD)
 def test_bad_image_is_a_400_naming_the_part_and_serving_goes_on(url, reason):
-    http, verifier = _http(max_images_per_request=2)
+    http, verifier = http_client(max_images_per_request=2)
     r = http.post("/v1/chat/completions", json=_chat(data_url(_png()), url))
     assert r.status_code == 400, r.text
     err = r.json()["error"]
@@ -61,7 +61,7 @@ def test_bad_image_is_a_400_naming_the_part_and_serving_goes_on(url, reason):
 
 
 def test_too_many_images_and_the_limit_from_the_engine():
-    http, verifier = _http(max_images_per_request=2)
+    http, verifier = http_client(max_images_per_request=2)
     r = http.post("/v1/chat/completions", json=_chat(*[data_url(_png())] * 3))
     assert r.status_code == 400
     assert "3 images in this request; the model takes at most 2" in r.json()["error"]["message"]
@@ -88,7 +88,7 @@ def test_good_images_of_each_type_pass():
 def test_handle_chat_checks_images_too():
     from cluster.errors import BadRequest
 
-    ingress = _ingress(FakeVerifier(), max_images_per_request=1)
+    ingress = make_server(FakeEngine(), max_images_per_request=1)
     out = asyncio.run(ingress.chat(_chat(data_url(_png()))["messages"], max_tokens=2))
     assert out["choices"][0]["text"] == "ok"
     with pytest.raises(BadRequest, match="not valid base64"):

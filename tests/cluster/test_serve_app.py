@@ -10,10 +10,11 @@ import sys
 
 import pytest
 
-from cluster.harness import GRPC, HTTP, MODEL, cpu_yaml, serve_run
+from cluster.harness import GRPC, HTTP, MODEL, cpu_yaml, metric, serve_run
 from cluster.harness import get as _get
 from cluster.harness import post as _post
 from tests.conftest import ROOT
+from tests.waits import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.isolated]
 
@@ -159,12 +160,6 @@ def test_grpc_stream_errors_end_with_their_status(server):
         assert pieces and pieces[-1].finish_reason == "length"
 
 
-def _metric(name: str) -> float:
-    """One vLLM gauge or counter from /metrics, summed over its label sets."""
-    text = _get("/metrics")[1].decode()
-    return sum(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith((name + "{", name + " ")))
-
-
 def test_client_disconnect_aborts_and_frees(server):
     """A client that goes away mid-stream (HTTP and gRPC): the request is aborted in vLLM (no more tokens made for
     it) and its sequence freed on the drafter: 0 draft sequences held afterwards."""
@@ -189,10 +184,9 @@ def test_client_disconnect_aborts_and_frees(server):
         call = stub.GenerateStream(pb.GenerateRequest(prompt="class A:\n", max_tokens=900),
                                    metadata=(("application", "eagle-cluster"),))
         assert next(call).finish_reason == ""  # the gRPC stream is generating
-        deadline = time.time() + 10  # vLLM's gauge follows its steps: wait for it, do not sample it once
-        while _metric("vllm:num_requests_running") != 2:
-            assert time.time() < deadline, "vLLM never reported the HTTP and the gRPC request running together"
-            time.sleep(0.1)
+        # vLLM's gauge follows its steps: wait for it, do not sample it once
+        assert wait_for(lambda: metric("vllm:num_requests_running") == 2, 60), \
+            "vLLM never reported the HTTP and the gRPC request running together"
         call.cancel()
     resp.close()  # the HTTP client goes away
     gone = time.time()
@@ -200,15 +194,15 @@ def test_client_disconnect_aborts_and_frees(server):
     try:
         (drafter,) = replica_actors("Drafter")
         while time.time() - gone < 10:
-            running = _metric("vllm:num_requests_running")
+            running = metric("vllm:num_requests_running")
             held = drafter_stats(drafter["replica_id"])["active_sequences"]
             if running == 0 and held == 0:
                 break
             time.sleep(0.25)
-        tokens = _metric("vllm:generation_tokens_total")
+        tokens = metric("vllm:generation_tokens_total")
         time.sleep(2)
         assert (running, held) == (0, 0), f"{running} requests running, {held} draft sequences held 10 s after"
-        assert _metric("vllm:generation_tokens_total") == tokens  # nothing is generated for the gone clients
+        assert metric("vllm:generation_tokens_total") == tokens  # nothing is generated for the gone clients
         print(f"\ndisconnect: aborted and freed within {time.time() - 2 - gone:.2f} s")
     finally:
         ray.shutdown()

@@ -7,14 +7,14 @@ import copy
 
 import pytest
 
-from tests.cluster.test_config import CPU, _error
+from tests.cluster.configs import CPU, config_error
 
 
 @pytest.mark.parametrize(("key", "value"), [("async_scheduling", True), ("pipeline_parallel_size", 2)])
 def test_refused(key, value):
     args = copy.deepcopy(CPU)
     args["verifier"]["engine_kwargs"] = {key: value}
-    assert f"verifier.engine_kwargs.{key}: " in _error(args)
+    assert f"verifier.engine_kwargs.{key}: " in config_error(args)
 
 
 def test_off_and_one_pass():

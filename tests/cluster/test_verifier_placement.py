@@ -13,7 +13,7 @@ import pytest
 
 from cluster.app import build_app
 from cluster.config import EagleClusterConfig
-from tests.cluster.test_config import CPU, _error, app_args
+from tests.cluster.configs import CPU, app_args, config_error
 from tests.conftest import ROOT
 
 SCOUT_TP4 = ROOT / "deploy" / "llama4-scout-eagle-tp4.yaml"
@@ -57,5 +57,5 @@ def test_cpu_replica_holds_no_gpu():
 def test_tp_on_gpus_needs_the_ray_executor(backend):
     args = copy.deepcopy(app_args(SCOUT_TP4))
     args["verifier"]["engine_kwargs"]["distributed_executor_backend"] = backend
-    msg = _error(args)
+    msg = config_error(args)
     assert "distributed_executor_backend" in msg and "placement group bundles" in msg

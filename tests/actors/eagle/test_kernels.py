@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from actors.eagle import kernels
 from actors.eagle.checkpoint import load_head
 from actors.eagle.layers import apply_neox_rotary, rms_norm, rotary_cos_sin, sdpa_attend
-from cluster.harness import EAGLE1, EAGLE3, TARGET
+from tests.conftest import EAGLE1, EAGLE3, TARGET
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="vLLM's kernels (vllm._C) are not installed")
 

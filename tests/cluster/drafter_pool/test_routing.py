@@ -110,7 +110,7 @@ def test_serve_gets_the_classes_and_vllm_the_client_path():
     from cluster.app import build_drafter_app
     from cluster.config import DRAFTER_APP_NAME
     from cluster.drafter_pool.client import SERVE_DRAFT_CLIENT, ServeDraftClient
-    from tests.cluster.test_app import drafter_deployment
+    from tests.cluster.configs import drafter_deployment
 
     module, _, name = SERVE_DRAFT_CLIENT.partition(":")  # as actors.verifier.client.build_client resolves it
     assert getattr(importlib.import_module(module), name) is ServeDraftClient
