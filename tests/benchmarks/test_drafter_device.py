@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT  # the repository root: `benchmarks` there, not tests/benchmarks
+
 ABSENT = ["vllm", "ray", "transformers", "safetensors", "huggingface_hub"]
 # Each absent package made unimportable, then the benchmark run as ``python -m`` would run it.
 RUN = (

@@ -21,8 +21,8 @@ import signal, subprocess, sys, time
 from cluster.serve_cli import BoundedInterrupt
 signal.signal(signal.SIGINT, BoundedInterrupt(grace_s=float(sys.argv[1])))
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-print(child.pid, flush=True)
-try:
+try:  # the pid is printed inside the try: the test's Ctrl-C may come the moment it reads it
+    print(child.pid, flush=True)
     time.sleep(120)
 except KeyboardInterrupt:
     print("graceful path", flush=True)
