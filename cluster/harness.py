@@ -124,7 +124,7 @@ def wait_healthy(proc: subprocess.Popen, base: str = HTTP, timeout_s: float = 60
                     return
         except OSError:
             pass
-        time.sleep(2)
+        time.sleep(0.5)
     raise TimeoutError(f"server not healthy in {timeout_s} s")
 
 

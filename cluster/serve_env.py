@@ -12,6 +12,14 @@ with). A value already in the environment wins, so each is turned off by setting
   64 of them in the Serve controller's loop; with these 277, the controller 29, the GCS 28 -> 15 (one-off
   ``/proc`` split, ``docs/BENCHMARKS.md`` issue 23, fourth pass). Serve's autoscaling delays are in seconds, so
   they keep their meaning; a replica's state change is seen up to 0.4 s later.
+- ``RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S=2`` (Serve's default 30): with the HAProxy ingress, a stopping
+  ingress replica (the verifier, the drafter pool's front) first stays reachable this long so that an external load
+  balancer can deregister it, then refuses new connections (HAProxy retries them on another replica) and drains its
+  in-flight requests, which stay bounded by ``graceful_shutdown_timeout_s`` as before. The balancer here is Serve's
+  own HAProxy, reloaded by the controller within a control-loop tick or two; at 30 s, every Ctrl-C of ``serve run``,
+  ``serve shutdown`` and verifier redeploy held each ingress replica 30 s with nothing left to drain (seen: a served
+  test's teardown took 56 s, "Controller failed to shut down within 30.0s"). Put a cloud load balancer in front of
+  Serve and set it back to that balancer's deregistration delay.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ DEFAULTS: dict[str, str] = {
     HAPROXY: "1",
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
     "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
+    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
 }
 
 
