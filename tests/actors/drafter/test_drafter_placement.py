@@ -37,10 +37,22 @@ def test_gpu_that_torch_cannot_use_is_an_error():
 
 
 def test_detect_placement_outside_ray_follows_torch(monkeypatch):
+    ray = pytest.importorskip("ray")
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # outside Ray, whatever an earlier test left running
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert placement.detect_placement(BF16_HEAD) == Placement("cuda", torch.bfloat16)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert placement.detect_placement(BF16_HEAD) == Placement("cpu", torch.float32)
+
+
+def test_detect_placement_inside_ray_follows_the_gpus_ray_gave(monkeypatch):
+    ray = pytest.importorskip("ray")
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU on the node...
+    monkeypatch.setattr(ray, "get_gpu_ids", lambda: [])  # ...but none for this actor
+    assert placement.detect_placement(BF16_HEAD) == Placement("cpu", torch.float32)
+    monkeypatch.setattr(ray, "get_gpu_ids", lambda: [0])
+    assert placement.detect_placement(BF16_HEAD) == Placement("cuda", torch.bfloat16)
 
 
 def test_actor_builds_its_engine_as_decided(toy_heads):
