@@ -32,7 +32,7 @@ serve: $(STAMP)
 
 # serve deploy against a long-lived Ray cluster (started here if none is running); RAY_AUTH_MODE: see README.
 deploy: $(STAMP)
-	RAY_AUTH_MODE=token $(VENV)/bin/ray status >/dev/null 2>&1 || $(SERVE_ENV) $(VENV)/bin/ray start --head --disable-usage-stats
+	RAY_AUTH_MODE=token $(VENV)/bin/ray status >/dev/null 2>&1 || $(SERVE_ENV) $(PY) -m cluster.serve_env $(VENV)/bin/ray start --head --disable-usage-stats
 	RAY_AUTH_MODE=token $(VENV)/bin/serve deploy deploy/cpu.yaml
 	@echo "RAY_AUTH_MODE=token $(VENV)/bin/serve status   # until eagle-cluster: RUNNING"
 

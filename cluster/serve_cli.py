@@ -64,6 +64,9 @@ class BoundedInterrupt:
 def main(argv: list[str] | None = None) -> int:
     from ray.serve.scripts import cli
 
+    from cluster import serve_env
+
+    serve_env.apply()  # `serve run` starts Ray in this process: its Serve processes take the product's defaults
     signal.signal(signal.SIGINT, BoundedInterrupt())
     sys.argv[0] = "serve"
     return cli(args=sys.argv[1:] if argv is None else argv)

@@ -1,7 +1,9 @@
 """Serve's settings that live in the environment of its own processes (controller, proxies), where a deploy YAML
 cannot reach: the defaults that every way of starting the product applies before Ray starts (``cluster.demo``,
 ``eagle-cluster serve``, ``make serve`` / ``make deploy``, and the harness that tests and benchmarks start servers
-with). A value already in the environment wins, so each is turned off by setting it.
+with). A value already in the environment wins, so each is turned off by setting it. For a command started by hand:
+
+    python -m cluster.serve_env ray start --head    # CMD [ARGS...] run with these defaults in its environment
 
 - ``RAY_SERVE_ENABLE_HA_PROXY=1``: Serve's HAProxy ingress in front of the verifier replicas instead of Serve's
   Python proxy (``docs/BENCHMARKS.md``, issue 20, "Fifth pass": the serving path's CPU per output token 1.59 ->
@@ -25,6 +27,7 @@ with). A value already in the environment wins, so each is turned off by setting
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 
 HAPROXY = "RAY_SERVE_ENABLE_HA_PROXY"
@@ -50,3 +53,15 @@ def apply() -> None:
 def haproxy_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """Whether Serve's processes started with this environment use the HAProxy ingress (Serve's own test)."""
     return (os.environ if environ is None else environ).get(HAPROXY) == "1"
+
+
+def main(argv: list[str]) -> None:
+    """Run ``argv`` (a command and its arguments) in place of this process, the defaults in its environment."""
+    if not argv:
+        sys.exit("usage: python -m cluster.serve_env CMD [ARGS...]")
+    apply()
+    os.execvp(argv[0], argv)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

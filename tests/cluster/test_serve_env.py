@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 from cluster import serve_env
+from tests.conftest import ROOT
 
 
 def test_defaults_apply_where_unset_and_a_set_value_wins():
@@ -20,3 +25,15 @@ def test_serve_reads_every_default_by_name():
     assert {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS"} <= set(serve_env.DEFAULTS)
     source = open(constants.__file__).read()
     assert all(f'"{name}"' in source for name in serve_env.DEFAULTS)
+
+
+def test_module_runs_a_command_with_the_defaults_and_a_set_value_wins():
+    name = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
+    show = [sys.executable, "-m", "cluster.serve_env", sys.executable, "-c", f"import os; print(os.environ['{name}'])"]
+    base = {k: v for k, v in os.environ.items() if k != name}
+    out = subprocess.run(show, cwd=ROOT, env=base, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == serve_env.DEFAULTS[name], out.stderr
+    out = subprocess.run(show, cwd=ROOT, env={**base, name: "30"}, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "30", out.stderr
+    usage = subprocess.run([sys.executable, "-m", "cluster.serve_env"], cwd=ROOT, capture_output=True, text=True)
+    assert usage.returncode == 1 and "usage" in usage.stderr
