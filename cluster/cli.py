@@ -49,7 +49,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from cluster import deploy_yaml, serve_env
+from cluster import deploy_yaml
 from cluster.config import (
     DrafterConfig,
     DrafterPoolConfig,
@@ -256,8 +256,7 @@ def _check_serve_schema(doc: dict[str, Any]) -> None:
 
 def _serve_cli(*argv: str) -> None:
     """Become Ray's ``serve`` command (a fresh process: nothing of vLLM imported), with ``cluster.serve_cli``'s
-    bound on Ctrl-C."""
-    serve_env.apply()  # `serve run` starts Ray here: its Serve processes take the product's defaults
+    bound on Ctrl-C and the product's Serve defaults (``cluster.serve_env``, applied there)."""
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-m", "cluster.serve_cli", *argv])

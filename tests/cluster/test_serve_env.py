@@ -35,5 +35,6 @@ def test_module_runs_a_command_with_the_defaults_and_a_set_value_wins():
     assert out.stdout.strip() == serve_env.DEFAULTS[name], out.stderr
     out = subprocess.run(show, cwd=ROOT, env={**base, name: "30"}, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "30", out.stderr
-    usage = subprocess.run([sys.executable, "-m", "cluster.serve_env"], cwd=ROOT, capture_output=True, text=True)
+    usage = subprocess.run([sys.executable, "-m", "cluster.serve_env"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=60)
     assert usage.returncode == 1 and "usage" in usage.stderr
