@@ -1,0 +1,115 @@
+"""``benchmarks.report``: the results page rendered from JSON (a table, its plot, ``--check``), the GPU model's
+arithmetic on inputs that can be checked by hand, and the repo's own ``docs/BENCHMARKS.md`` kept in step with
+``docs/results``. No Ray, no vLLM, no server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import report
+
+TABLE = {
+    "id": "tiny", "question": "Is it fast?", "title": "A tiny table", "command": "python -m benchmarks.tiny --c 1 2",
+    "hardware": "core 0 for the verifier, core 1 for the drafter", "date": "2026-12-05", "commit": "abc1234",
+    "columns": ["c", "tok/s", "ratio"], "rows": [["1", "10.5", "0.50x"], ["2", "20.0", "1.00x"]],
+    "notes": "What it shows.", "plot": {"x": "c", "y": ["tok/s"], "kind": "line", "ylabel": "tok/s"},
+}
+
+# Inputs whose outputs are worked out by hand below: a layer costs 1 ms for 1 token, 2 ms for 4, 4 ms for 8; 4
+# layers over TP 2 make a step 2x a layer.
+INPUTS = {
+    "layer_ms_by_tokens": {"1": 1.0, "4": 2.0, "8": 4.0}, "layers": 4, "tp": 2, "k": 3,
+    "seed_step_ms": 16.0, "seed_batch": 1,
+    "draft_ms_by_batch": {"1": 1.0, "3": 3.0}, "miss_ms_by_batch": {"1": 3.0}, "branch_ms_by_batch": {"1": 6.0},
+    "call_waited_ms": 0.5, "call_submit_ms": 0.1, "ready_get_ms": 0.05,
+    "mal_sync": 2.0, "mal_pipelined": 1.5, "hit_rate_by_batch": {"1": 1.0},
+}
+
+
+def write_results(directory: Path, *tables: dict) -> Path:
+    directory.mkdir()
+    for i, table in enumerate(tables):
+        (directory / f"{i:02d}-{table['id']}.json").write_text(json.dumps(table))
+    return directory
+
+
+def test_a_tiny_table_renders_with_its_plot_and_check_follows_the_page(tmp_path: Path) -> None:
+    results = write_results(tmp_path / "results", TABLE)
+    page, img = tmp_path / "docs" / "BENCHMARKS.md", tmp_path / "docs" / "img"
+    args = ["--results", str(results), "--out", str(page), "--img", str(img)]
+    assert report.main(args) == 0
+    text = page.read_text()
+    assert "## Is it fast?" in text and "### A tiny table" in text
+    assert "```bash\npython -m benchmarks.tiny --c 1 2\n```" in text
+    assert "**Date**: 2026-12-05. **Commit**: abc1234." in text and "core 0 for the verifier" in text
+    assert "| c | tok/s | ratio |\n| --- | --- | --- |\n| 1 | 10.5 | 0.50x |\n| 2 | 20.0 | 1.00x |" in text
+    assert "![tiny](img/tiny.png)" in text
+    assert (img / "tiny.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report.main([*args, "--check"]) == 0
+    page.write_text(text.replace("10.5", "11.5"))
+    assert report.main([*args, "--check"]) == 1
+    (img / "tiny.png").unlink()
+    page.write_text(text)
+    assert report.main([*args, "--check"]) == 1  # the page is current but its plot is gone
+
+
+def test_a_row_of_the_wrong_width_is_refused(tmp_path: Path) -> None:
+    results = write_results(tmp_path / "results", {**TABLE, "rows": [["1", "10.5"]]})
+    with pytest.raises(ValueError, match="2 cells for 3 columns"):
+        report.load(results)
+
+
+def test_interpolation_between_and_outside_the_measured_points() -> None:
+    points = {"1": 1.0, "4": 2.0, "8": 4.0}
+    assert report.interpolate(points, 4) == 2.0
+    assert report.interpolate(points, 6) == pytest.approx(3.0)
+    assert report.interpolate(points, 0.5) == 1.0 and report.interpolate(points, 64) == 4.0
+    rates = {"1": 0.6, "8": 0.4, "16": 0.5}
+    assert report.at_or_below(rates, 4) == 0.6 and report.at_or_below(rates, 64) == 0.5
+
+
+def test_the_model_at_batch_1_by_hand() -> None:
+    s = report.model_steps(INPUTS, 1, 1.0)
+    assert s["target"] == pytest.approx(2.0)  # L(1) = 1 ms, x 4 layers / TP 2
+    assert s["verify"] == pytest.approx(4.0)  # L(1 x (k + 1) = 4) = 2 ms, x 2
+    assert s["target_tps"] == pytest.approx(500.0)
+    assert s["sync"] == pytest.approx(4.0 + 0.5 + 1.0)  # verify + a waited call + the draft step
+    assert s["sync_tps"] == pytest.approx(1000 * 2.0 / 5.5)
+    # hit rate 1: max(verify, the drafter's branch work) + two submits + reading the ready table
+    assert s["pipelined"] == pytest.approx(max(4.0, 6.0) + 2 * 0.1 + 0.05)
+    assert s["pipelined_tps"] == pytest.approx(1000 * 1.5 / 6.25)
+    assert s["verifiers"] == pytest.approx(4.0 / 1.0)
+
+
+def test_the_model_with_no_hits_and_at_a_larger_batch() -> None:
+    s = report.model_steps({**INPUTS, "hit_rate_by_batch": {"1": 0.0}}, 1, 1.0)
+    assert s["pipelined"] == pytest.approx(4.0 + 0.5 + 0.1 + 3.0)  # verify + waited call + a submit + the miss
+    half = report.model_steps({**INPUTS, "hit_rate_by_batch": {"1": 0.5}}, 1, 1.0)
+    assert half["pipelined"] == pytest.approx(0.5 * 6.25 + 0.5 * 7.6)
+    s = report.model_steps(INPUTS, 2, 1.0)
+    assert s["verify"] == pytest.approx(8.0)  # 2 x 4 = 8 tokens: L = 4 ms
+    assert s["draft"] == pytest.approx(2.0)  # halfway between batch 1 (1 ms) and 3 (3 ms)
+    assert s["target_tps"] == pytest.approx(750.0)  # L(2) = 1 + 1/3 ms a layer (a third of the way to 4 tokens), x 2
+
+
+def test_seed_scaling_sets_the_seed_batch_verify_step_to_the_seed_step() -> None:
+    scale = report.seed_scale(INPUTS)
+    assert scale == pytest.approx(16.0 / 4.0)
+    assert report.model_steps(INPUTS, 1, scale)["verify"] == pytest.approx(16.0)
+
+
+def test_the_model_table_is_computed_from_its_inputs() -> None:
+    model = {"batches": [1, 2], "inputs": {name: {"value": v, "source": "by hand"} for name, v in INPUTS.items()}}
+    columns, rows = report.gpu_model(model)
+    assert [r[:2] for r in rows] == [["proxy", "1"], ["proxy", "2"], ["seed-scaled", "1"], ["seed-scaled", "2"]]
+    first = dict(zip(columns, rows[0], strict=True))
+    assert first["verify ms"] == "4.00" and first["target-only tok/s"] == "500" and first["R"] == "4.0"
+    assert first["sync x target-only"] == f"{1000 * 2.0 / 5.5 / 500:.2f}"
+
+
+def test_the_repos_page_is_what_its_results_render() -> None:
+    assert report.main(["--check"]) == 0, "docs/BENCHMARKS.md is stale: run python -m benchmarks.report"
+    assert len(report.PAGE.read_bytes()) <= 25_000
