@@ -52,6 +52,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from actors.metrics import SpecDecodeStats
 from benchmarks import cpu, load, modes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -247,7 +248,8 @@ def throughput_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]
         base, colo = tps.get((r["round"], w, c, "target-only")), tps.get(colocated)
         better = max(base or 0.0, colo or 0.0)
         spec, per_tok = v.get("spec"), v.get("cpu_ms_per_token") or {}
-        per_pos = " ".join(f"{a / spec['num_drafts']:.2f}" for a in spec["accepted_per_pos"]) if spec else ""
+        stats = SpecDecodeStats(**spec) if spec else None
+        per_pos = " ".join(f"{stats.acceptance_at(i):.2f}" for i in range(len(stats.accepted_per_pos))) if stats else ""
         core0 = cpu.core0_ms_per_token(per_tok) if strict and per_tok else None
         ceiling = 1000 / core0 if core0 else None
         b = v.get("branches")
