@@ -49,7 +49,7 @@ models: $(STAMP)
 	$(PY) -m training.cli multimodal --out models
 
 bench: $(STAMP)
-	$(PY) -m benchmarks.colocated_acceptance
+	$(PY) -m benchmarks.offline colocated
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

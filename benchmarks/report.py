@@ -3,10 +3,11 @@
     python -m benchmarks.report            # writes docs/BENCHMARKS.md and docs/img/<table id>.png
     python -m benchmarks.report --check    # exit 1 if docs/BENCHMARKS.md is not what the JSON renders (CI)
 
-Where it sits: the benchmark scripts (``benchmarks/serving_pinned.py`` and the rest) measure and print; the current
-figure of each thing a user asks about is kept, with its command, hardware, date and commit, in one JSON file per
-table under ``docs/results/`` (files sorted by name give the page's order; consecutive tables with the same
-``question`` share a section). This module only renders them, so a rerun updates a JSON file and then the page.
+Where it sits: the benchmark modules (``benchmarks.served`` and the rest) measure and print; the current figure of
+each thing a user asks about is kept, with its command, hardware, date and commit, in one JSON file per table under
+``docs/results/`` (files sorted by name give the page's order; consecutive tables with the same ``question`` share a
+section). This module only renders them, so a rerun updates a JSON file and then the page: ``benchmarks.served``
+writes its tables in this format (``table-NAME.json``: fill in ``question`` and ``notes``).
 
 A table's JSON: ``id``, ``question``, ``title``, ``command``, ``hardware``, ``date``, ``commit``, ``notes``, and
 either ``columns`` + ``rows`` (cells are strings, copied as measured) or ``model`` (the GPU model below: its inputs,
@@ -32,14 +33,15 @@ REQUIRED = ("id", "question", "title", "command", "hardware", "date", "commit", 
 
 HEADER = """# Benchmarks
 
-The current figure for each question a user asks, each table with the command that produces it, the hardware each
-process had, the date and the commit. CPU figures come from this project's machines (2 cores, 24 GiB, no GPU; vLLM's
-CPU build), GPU figures from one lent H200 that has no vLLM. The CPU machines are noisy (the same mode moves 10-25%
-between runs), so compare ratios measured side by side in one run, not absolute tok/s across tables.
+The current figure for each question a user asks, each table with its command, the hardware each process had, the
+date and the commit. CPU figures: this project's machines (2 cores, 24 GiB, no GPU; vLLM's CPU build); GPU figures:
+one lent H200 without vLLM. CPU machines are noisy (the same mode moves 10-25% between runs), so compare ratios
+measured side by side in one run, not absolute tok/s across tables.
 
-This page is rendered from `docs/results/*.json` by `python -m benchmarks.report` (`--check` in CI); do not edit it
-by hand. Earlier measurements: git history of this file.
+This page is rendered from `docs/results/*.json` by `python -m benchmarks.report` (`--check` in CI); do not edit by
+hand. Earlier figures: this file's git history.
 """
+
 
 Table = dict[str, Any]
 

@@ -1,5 +1,5 @@
 """Image prompts and offline vLLM runs on the multimodal checkpoint (``models/llama4-tiny-mm``), shared by the
-tests and ``benchmarks.multimodal_acceptance``: target-only, vLLM's colocated EAGLE, and the disaggregated path
+tests and ``benchmarks.offline multimodal``: target-only, vLLM's colocated EAGLE, and the disaggregated path
 (vLLM verifier + a drafter Ray actor). The runs that start Ray want a shared machine's ``flock /work/ray.lock``."""
 
 from __future__ import annotations

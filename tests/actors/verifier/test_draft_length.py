@@ -12,7 +12,7 @@ import pytest
 from actors.metrics import ProposerStats
 from actors.verifier import draft_length as dl
 from actors.verifier.engine import verifier_kwargs
-from benchmarks.draft_length_sim import drive
+from benchmarks.offline import drive
 
 
 def test_worked_example_in_the_docstring():
@@ -35,7 +35,7 @@ def test_schedule_is_vllms_lookup_clamped_and_carried():
 
 def simulate(policy: dl.AutoDraftLength, batch: int, cost, steps: int, noise: float = 0.0, seed: int = 0,
              accept=(0.8, 0.6, 0.4), trace: list[int] | None = None) -> list[int]:
-    """Drive the policy as the proposer does (``benchmarks.draft_length_sim.drive``): choose, verify (acceptance),
+    """Drive the policy as the proposer does (``benchmarks.offline.drive``): choose, verify (acceptance),
     time the step (``cost(batch, k)`` ms per step, times 1 +- noise). ``trace``: the bucket's ``current`` after each
     step is appended to it."""
     rng = random.Random(seed)

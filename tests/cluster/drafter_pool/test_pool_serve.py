@@ -105,7 +105,7 @@ def test_pool_scales_up_under_load_and_outputs_stay_exact(server, reference):
 def test_drafter_killed_under_32_streams(server, reference):
     """SIGKILL a drafter replica's process while 32 sequences generate: 0 failures, exact outputs, and the
     killed replica's sequences are re-homed on the other replica and speculate again there (how soon is a figure,
-    printed: ``benchmarks.hung_drafter`` measures it)."""
+    printed: ``benchmarks.faults drafter-stop`` measures it)."""
     if len(replica_actors("Drafter")) < 2:  # run alone, or after the scale-down: scale up first
         serve_until_two_drafters_served(reference)
     drafters = replica_actors("Drafter")

@@ -1,5 +1,6 @@
-"""``benchmarks.drafter_device --small`` runs on a CPU with nothing but torch, numpy, msgpack and the drafter code
-(the GPU machine has no vLLM, Ray, transformers, safetensors or huggingface_hub), and prints its figures."""
+"""``benchmarks.drafter``: ``device --small`` runs on a CPU with nothing but torch, numpy, msgpack and the drafter
+code (the GPU machine has no vLLM, Ray, pydantic, transformers, safetensors or huggingface_hub; the whole module
+imports there) and prints its figures; ``step`` times the shipped heads on a few steps."""
 
 from __future__ import annotations
 
@@ -10,15 +11,15 @@ import pytest
 
 from tests.conftest import ROOT  # the repository root: `benchmarks` there, not tests/benchmarks
 
-ABSENT = ["vllm", "ray", "transformers", "safetensors", "huggingface_hub"]
+ABSENT = ["vllm", "ray", "pydantic", "transformers", "safetensors", "huggingface_hub", "yaml", "cluster"]
 # Each absent package made unimportable, then the benchmark run as ``python -m`` would run it.
 RUN = (
     "import runpy, sys\n"
     f"for name in {ABSENT!r}:\n"
     "    sys.modules[name] = None\n"
-    "sys.argv = ['drafter_device', '--small', '--steps', '2', '--batch', '1', '3', '--context', '16', "
+    "sys.argv = ['drafter', 'device', '--small', '--steps', '2', '--batch', '1', '3', '--context', '16', "
     "'--fixed-shape', 'on', '--branches']\n"
-    "runpy.run_module('benchmarks.drafter_device', run_name='__main__')\n"
+    "runpy.run_module('benchmarks.drafter', run_name='__main__')\n"
 )
 
 
@@ -43,3 +44,21 @@ def test_small_mode_prints_figures_without_vllm_or_ray():
         # max_len = context 16 + 2 rows x (2 timed + 2) steps + k 3 + 1, plus the cache's one spare position.
         assert float(kv_seq) == pytest.approx(2 * (16 + 2 * 4 + 3 + 1 + 1) * 2 * 16 * 4 / 2**20, rel=1e-3)
         assert float(kv) == pytest.approx(float(kv_seq) * int(batch), rel=1e-3)  # the engine is capped at the batch
+
+
+def test_step_times_a_shipped_head(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import drafter
+
+    drafter.main(["step", "--heads", "eagle3", "--batch", "2", "--steps", "3", "--shuffled", "--gap-ms", "0", "1"])
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("eagle3 |")]
+    assert [(r[0], r[1], r[2]) for r in rows] == [("eagle3", "2", "0"), ("eagle3", "2", "1")]
+    assert all(float(r[3]) > 0 for r in rows)
+
+
+def test_the_command_line_has_one_subcommand_per_benchmark() -> None:
+    from benchmarks import drafter
+
+    for argv in (["device", "--small"], ["step"], ["ray-call"]):
+        assert drafter.parser().parse_args(argv).run == argv[0]
+    with pytest.raises(SystemExit):
+        drafter.parser().parse_args([])

@@ -1,12 +1,21 @@
-"""The drafter engine on an accelerator: milliseconds per draft step and draft KV memory for Llama 4 Scout-shaped
-EAGLE-1 and EAGLE-3 heads, against the same head without a KV cache.
+"""Drafter micro-benchmarks, the drafter alone: its engine on an accelerator at Llama 4 Scout shapes (``device``),
+its synchronous step on the shipped heads on one CPU core (``step``), and what one drafting call costs on Ray
+(``ray-call``).
 
-    python -m benchmarks.drafter_device                       # Scout shapes, bf16, on CUDA if there is one
-    python -m benchmarks.drafter_device --small               # tiny shapes: seconds on a CPU
-    python -m benchmarks.drafter_device --heads eagle3 --batch 1 32 --context 1024 --steps 10
+    python -m benchmarks.drafter device                       # Scout shapes, bf16, on CUDA if there is one
+    python -m benchmarks.drafter device --small               # tiny shapes: seconds on a CPU
+    python -m benchmarks.drafter device --heads eagle3 --batch 1 32 --context 1024 --steps 10
+    taskset -c 1 python -m benchmarks.drafter step [--heads eagle eagle3] [--batch 1 16] [--steps 200] [--k 3]
+        [--shuffled] [--gap-ms 0 20] [--profile]
+    python -m benchmarks.drafter ray-call
 
-Needs only torch, numpy, msgpack and the project's drafter code (no vLLM, no Ray, no checkpoint files): the
-heads have random weights, which cost what trained ones cost. Shapes (``--small`` off): hidden 5120, 40 heads,
+This module imports only torch, numpy and the project's drafter code at the top (the GPU machine has no vLLM, Ray,
+pydantic or transformers; ``benchmarks/device_check.sh`` runs ``device`` there); ``step`` reads the shipped
+checkpoints and ``ray-call`` needs Ray, both imported when run.
+
+``device``: milliseconds per draft step and draft KV memory for Scout-shaped EAGLE-1 and EAGLE-3 heads, against the
+same head without a KV cache. No checkpoint files: the heads have random weights, which cost what trained ones cost.
+Shapes (``--small`` off): hidden 5120, 40 heads,
 8 KV heads, head dim 128, MLP 16384, target vocabulary 202048; EAGLE-1 is one Llama 4 layer (QK-norm, chunked
 attention 8192) sharing the target's vocabulary; EAGLE-3 is one layer reading three aux layers (3 x 5120 in)
 with a 32000-token draft vocabulary. Rotary is plain (theta 5e5): Scout's llama3 scaling changes the
@@ -39,6 +48,19 @@ it. On CUDA each step is bracketed by ``torch.cuda.synchronize``. Columns:
 (``after_step``) and the branch passes inside it (``actors.drafter.branch_passes``), with the branch rows a step
 drafted. ``--sweep`` also times the attention alone under a few Triton launch settings
 (``slot_attention.launch_config``), for EAGLE-3 at the smallest and largest batch.
+
+``step``: the drafter engine on a shipped head, median milliseconds per synchronous draft step, one torch thread.
+Each sequence first ships a 100-row prompt, then decode steps of 2 rows each (one accepted draft and the bonus /
+recovered token), random ids and hidden states. ``--shuffled`` lists the decode steps' sequences in a fixed
+shuffled order (vLLM's persistent batch reorders its requests as others finish, so a live drafter's slots come
+shuffled). ``--gap-ms`` sleeps that long after each step, as a served drafter idles while the verifier verifies (a
+step after an idle gap costs more than the same step back to back). ``--profile``: cProfile's top functions over
+100 more steps. The number ``benchmarks.offline drafter-speed`` puts beside vLLM's own draft step.
+
+``ray-call``: a plain actor with ``max_concurrency=1`` (as ``DrafterActor``), called with a 200-byte message and
+hidden rows of two shapes: the call waited for with the array inline, with ``ray.put`` + ObjectRef, the same
+through a streaming generator's first item, a call submitted and not waited for (what a pipelined hit costs the
+verifier), and reading a ready result (the branch table, drafted in time). Medians over 200 calls, idle.
 """
 
 from __future__ import annotations
@@ -407,8 +429,7 @@ def row(method: str, batch: int, context: int, r: dict[str, Any], bandwidth: flo
     ])
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--small", action="store_true", help="tiny shapes, for a CPU (seconds)")
     p.add_argument("--heads", nargs="*", choices=["eagle", "eagle3"], default=["eagle", "eagle3"])
     p.add_argument("--batch", type=int, nargs="*", default=None, help="default 1 8 32 64 128 (--small: 1 4)")
@@ -425,7 +446,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--branches", action="store_true",
                    help="also time pipelined drafting's steps and branch passes (smallest context)")
     p.add_argument("--sweep", action="store_true", help="also time the attention under a few Triton launch settings")
-    args = p.parse_args(argv)
+
+
+def run_device(args: argparse.Namespace) -> None:
+    """``device``: the engine at Scout (or ``--small``) shapes, one row per head, context and batch."""
     args.batch = args.batch or ([1, 4] if args.small else [1, 8, 32, 64, 128])
     args.context = args.context or ([32, 96] if args.small else [1024, 8000])
     args.steps = args.steps or (3 if args.small else 20)
@@ -438,7 +462,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
     bandwidth = copy_bandwidth(device)
-    print(f"# drafter_device: {name}, {str(dtype).removeprefix('torch.')}, torch {torch.__version__}, k={K}, "
+    print(f"# drafter device: {name}, {str(dtype).removeprefix('torch.')}, torch {torch.__version__}, k={K}, "
           f"{'small' if args.small else 'Scout'} shapes, {args.steps} timed steps")
     if bandwidth:
         print(f"# copy bandwidth: {bandwidth / 1e12:.2f} TB/s (bytes read and written)")
@@ -476,6 +500,132 @@ def main(argv: list[str] | None = None) -> None:
         print("sweep: head | batch | context | block_n | warps | stages | attention ms")
         for method, batch, context, block_n, warps, stages, ms in sweeps:
             print(f"sweep: {method} | {batch} | {context} | {block_n} | {warps} | {stages} | {ms:.3f}")
+
+
+# --- step: the engine on a shipped head, one CPU core ----------------------------------------------------------------
+def synthetic_step(step_id: int, batch: int, position: int, rows: int, k: int, width: int,
+                   order: list[int] | None = None) -> tuple[DraftStep, torch.Tensor]:
+    """A step of ``rows`` random rows per sequence (in ``order``, else in arrival order) at ``position``."""
+    seqs = [SeqSlice(f"s{b}", i * rows, rows, position) for i, b in enumerate(order or range(batch))]
+    ids = np.random.randint(0, 4000, batch * rows).astype(np.int32)
+    return DraftStep(step_id, k, seqs, ids), torch.randn(batch * rows, width)
+
+
+def step_ms(method: str, batch: int, steps: int, k: int, profile: bool, shuffled: bool = False,
+            gap_ms: float = 0.0) -> float:
+    """Median ms of a synchronous decode step of the shipped ``method`` head (``--gap-ms`` idle after each)."""
+    from cluster.harness import HEADS, TARGET
+
+    engine = DrafterEngine.from_checkpoint(HEADS[method], TARGET, DrafterEngineConfig(max_model_len=1032))
+    width = engine.spec.fused_hidden_size
+    engine.draft_tensors(*synthetic_step(0, batch, 0, 100, k, width))
+    order = [int(i) for i in np.random.RandomState(batch).permutation(batch)] if shuffled else None
+    times, position = [], 100
+    for i in range(steps):
+        step, hidden = synthetic_step(i + 1, batch, position, 2, k, width, order)
+        position += 2
+        start = time.perf_counter()
+        engine.draft_tensors(step, hidden)
+        times.append((time.perf_counter() - start) * 1e3)
+        if gap_ms:
+            time.sleep(gap_ms / 1e3)  # idle between steps, as a served drafter waits for the verifier's next one
+    if profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        for i in range(100):
+            engine.draft_tensors(*synthetic_step(steps + i + 1, batch, position + 2 * i, 2, k, width, order))
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+    return statistics.median(times)
+
+
+def run_step(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    print("head | batch | idle ms between steps | ms per step (median)")
+    for method in args.heads:
+        for batch in args.batch:
+            for gap in args.gap_ms:
+                ms = step_ms(method, batch, args.steps, args.k, args.profile, args.shuffled, gap)
+                print(f"{method} | {batch} | {gap:g} | {ms:.2f}", flush=True)
+
+
+# --- ray-call: what one drafting call costs on Ray -------------------------------------------------------------------
+def median_ms(fn: Callable[[], Any], n: int = 200) -> float:
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def run_ray_call(args: argparse.Namespace) -> None:
+    import ray
+
+    @ray.remote(max_concurrency=1)
+    class Echo:
+        def call(self, message: bytes, hidden: Any) -> bytes:
+            return message
+
+        def table(self) -> bytes:
+            return b"x" * 200
+
+        def stream(self, message: bytes, hidden: Any) -> Any:
+            yield message
+            yield b"table"
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    actor = Echo.remote()
+    ray.get(actor.table.remote())
+    message = b"s" * 200
+    print("call | [4, 256] fp32 | [16, 768] fp32 (EAGLE-3 rows of the tiny target)")
+    rows: dict[str, list[float]] = {}
+    for shape in ((4, 256), (16, 768)):
+        hidden = np.random.rand(*shape).astype(np.float32)
+        for name, fn in {
+            "actor call, array inline, waited": lambda h=hidden: ray.get(actor.call.remote(message, h)),
+            "actor call, ray.put + ObjectRef, waited": lambda h=hidden: ray.get(actor.call.remote(message, ray.put(h))),
+            "streaming generator, first item": lambda h=hidden: ray.get(
+                next(actor.stream.options(num_returns="streaming").remote(message, h))),
+            "actor call submitted, not waited for": lambda h=hidden: actor.call.remote(message, h),
+        }.items():
+            rows.setdefault(name, []).append(median_ms(fn))
+    ready = actor.table.remote()
+    ray.get(ready)
+    rows["a ready result: ray.wait(timeout=0) + ray.get"] = [median_ms(lambda: (ray.wait([ready], timeout=0),
+                                                                                 ray.get(ready)))] * 2
+    for name, (a, b) in rows.items():
+        print(f"{name} | {a:.3f} ms | {b:.3f} ms")
+    ray.shutdown()
+
+
+# --- the command line -----------------------------------------------------------------------------------------------
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="run", required=True)
+    add_device_args(sub.add_parser("device", help="the engine at Scout shapes on an accelerator (--small: a CPU)"))
+    s = sub.add_parser("step", help="the engine on a shipped head, synchronous steps, one torch thread")
+    s.add_argument("--heads", nargs="*", choices=["eagle", "eagle3"], default=["eagle", "eagle3"])
+    s.add_argument("--batch", type=int, nargs="*", default=[1, 16])
+    s.add_argument("--steps", type=int, default=200)
+    s.add_argument("--k", type=int, default=3)
+    s.add_argument("--profile", action="store_true")
+    s.add_argument("--shuffled", action="store_true", help="decode steps list their sequences shuffled")
+    s.add_argument("--gap-ms", type=float, nargs="*", default=[0.0],
+                   help="idle milliseconds after each step (a served drafter idles while the verifier verifies); "
+                        "several: one row each")
+    sub.add_parser("ray-call", help="what one drafting call costs on Ray (needs Ray)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    {"device": run_device, "step": run_step, "ray-call": run_ray_call}[args.run](args)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""Which processes a server runs, grouped by their job, pinned to cores, and the CPU time each group spends.
+"""Where a server's CPU goes: its processes grouped by job, bound to cores, and the CPU time each group spends, under
+load (``split``) or idle (``idle_rates``).
 
-Used by ``benchmarks.serving_pinned``. Process groups, by the title Ray, Serve and vLLM give each process:
+Process groups, by the title Ray, Serve and vLLM give each process:
 
     engine core   vLLM's engine core (``VLLM::EngineCore``): scheduler, output processing, the step loop
     worker        vLLM's worker (``VLLM::Worker``, or the engine core itself when it runs the model in-process)
@@ -9,18 +10,22 @@ Used by ``benchmarks.serving_pinned``. Process groups, by the title Ray, Serve a
     drafter       the drafter application's replicas and their drafter actors
     control plane everything else of Ray's: GCS, raylet, the Serve controller, dashboard and its agents, log monitor
 
-CPU time is utime + stime from ``/proc/PID/stat`` (all threads), read before and after a run.
+CPU time is utime + stime from ``/proc/PID/stat`` (all threads), read before and after a run. ``STRICT`` is the one
+pinning scheme of the served benchmarks (``benchmarks.modes.launch``): the verifier side on core 0, the drafter on
+core 1, the control plane unbound.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
 import psutil
 
 GROUPS = ("engine core", "worker", "serving path", "drafter", "control plane")
+STRICT = {"engine core": {0}, "worker": {0}, "serving path": {0}, "drafter": {1}}
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -108,3 +113,30 @@ def split(procs: list[Proc], before: dict[int, float], after: dict[int, float]) 
         if p.pid in before and p.pid in after:
             out[p.group] += after[p.pid] - before[p.pid]
     return out
+
+
+def core0_ms_per_token(cpu_ms_per_token: dict[str, float]) -> float:
+    """CPU milliseconds per output token of the groups strict pinning binds to core 0 (``STRICT``)."""
+    return sum(v for g, v in cpu_ms_per_token.items() if STRICT.get(g) == {0})
+
+
+def idle_rates(root_pid: int, window_s: float) -> list[tuple[str, str, float]]:
+    """(group, title, ms of CPU per second) for every process of the tree under ``root_pid`` over ``window_s``,
+    largest first: what a server costs while no request arrives."""
+    procs = server_processes(root_pid)
+    before = snapshot(procs)
+    t0 = time.monotonic()
+    time.sleep(window_s)
+    after = snapshot(procs)
+    wall = time.monotonic() - t0
+    rows = [(p.group, p.title, 1000 * (after[p.pid] - before[p.pid]) / wall)
+            for p in procs if p.pid in before and p.pid in after]
+    return sorted(rows, key=lambda r: -r[2])
+
+
+def by_group(rows: list[tuple[str, str, float]]) -> dict[str, float]:
+    """``idle_rates``' rows summed per group, and their ``total``."""
+    groups = dict.fromkeys(GROUPS, 0.0)
+    for group, _, rate in rows:
+        groups[group] += rate
+    return {"total": sum(groups.values()), **groups}
