@@ -6,8 +6,14 @@ has a reader busy-loop on ``sched_yield`` for ``busy_loop_s`` (1 s) after each r
 socket: the engine core spins while the worker runs a step, the worker while the engine core schedules. On a core
 of its own that costs nothing; on the cores the verifier's worker, its serving path and (on a small machine) a
 drafter need, the engine core spins through every wait on a drafter. ``EAGLE_CLUSTER_ENGINE_SPIN_S`` sets that busy
-loop in the engines the cluster's verifier starts (``cluster.app`` puts it in the verifier replica's environment);
-unset (vLLM's own servers, the baselines), vLLM keeps its default.
+loop in the engines the cluster's verifier starts (``cluster.app`` puts it in the verifier replica's environment)
+for the steps that draft; unset (vLLM's own servers, the baselines), vLLM keeps its default.
+
+A step that drafts nothing (k = 0, or no drafter ready) waits on no drafter, so it spins as vLLM does: each process
+is told after every step whether the next one drafts (``drafting``: the worker by its proposer, the engine core by
+the step's output, ``actors.verifier.draft_handoff``), and every queue reader of the process reads the busy loop
+from that (a property on ``SpinCondition``). Without drafts the verifier waits as fast as vLLM target-only (a short
+loop's sleep and ZMQ wake-up cost ~2 ms a step at c = 1 here); with them, it leaves the cores to the drafter.
 
 Not below ``MIN_SPIN_S``. The writer's wake-up is a ZMQ PUB message with a send high-water mark of 1, and a PUB
 socket learns that its pipe has room again only when it processes its commands, which ZMQ throttles inside ``send``
@@ -25,7 +31,7 @@ import os
 
 SPIN_ENV = "EAGLE_CLUSTER_ENGINE_SPIN_S"
 MIN_SPIN_S = 0.005  # > ZMQ's command throttle (1-2 ms), with room: see above
-DEFAULT_SPIN_S = MIN_SPIN_S  # the verifier's (``verifier.engine_spin_s``): docs/BENCHMARKS.md, issue 20's third pass
+DEFAULT_SPIN_S = MIN_SPIN_S  # the verifier's (``verifier.engine_spin_s``)
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +47,25 @@ def parse_spin_s(value: str) -> float:
     return spin_s
 
 
+class _Spin:
+    """This process's busy loop: ``drafting_s`` while steps draft, ``plain_s`` (vLLM's) while they do not."""
+
+    drafting_s: float | None = None  # None: not set (vLLM's own loop, whatever the steps do)
+    plain_s = 1.0
+    current = 1.0
+
+
+def _busy_loop_s(condition: object) -> float:
+    return _Spin.current
+
+
+def _ignore(condition: object, value: float) -> None:  # vLLM's constructor assigns it; the process decides it
+    return None
+
+
 def register() -> None:
-    """Sets ``SpinCondition``'s default busy loop from ``EAGLE_CLUSTER_ENGINE_SPIN_S``, if set (before any queue
-    is built: vLLM loads general plugins when an engine core or a worker starts)."""
+    """Makes every ``SpinCondition`` of this process read its busy loop from ``drafting`` (vLLM loads general plugins
+    when an engine core or a worker starts, before any queue is built), if ``EAGLE_CLUSTER_ENGINE_SPIN_S`` is set."""
     value = os.environ.get(SPIN_ENV)
     if value is None:
         return
@@ -54,4 +76,13 @@ def register() -> None:
     if defaults is None or len(defaults) != 1:  # vLLM changed the signature: keep its default
         logger.warning("%s ignored: SpinCondition.__init__ has defaults %r", SPIN_ENV, defaults)
         return
-    SpinCondition.__init__.__defaults__ = (spin_s,)
+    _Spin.drafting_s, _Spin.plain_s = spin_s, float(defaults[0])
+    _Spin.current = spin_s
+    SpinCondition.busy_loop_s = property(_busy_loop_s, _ignore)
+
+
+def drafting(yes: bool) -> None:
+    """Whether this process's next step drafts: ``EAGLE_CLUSTER_ENGINE_SPIN_S`` if so, vLLM's busy loop if not (a
+    no-op where the variable is unset)."""
+    if _Spin.drafting_s is not None:
+        _Spin.current = _Spin.drafting_s if yes else _Spin.plain_s

@@ -14,13 +14,16 @@ every step for nothing.
   executors' ``sample_tokens`` notes the mark, and the ``take_draft_token_ids`` after it returns None without the
   RPC. vLLM's scheduler clears each request's draft tokens when it schedules them, so no update leaves every request
   with none: what the skipped call would have set. Any step without the mark (vLLM's own drafters, a step that
-  drafts, an output that is a future) asks as vLLM does.
+  drafts, an output that is a future) asks as vLLM does. The mark also sets the engine core's busy loop
+  (``actors.engine_spin.drafting``).
 """
 
 from __future__ import annotations
 
 import functools
 from typing import Any
+
+from actors import engine_spin
 
 NO_DRAFTS = "eagle_cluster_no_drafts"  # on a ModelRunnerOutput: no request has a draft token for the next step
 _SKIP = "_eagle_cluster_skip_take"  # on an executor: the last sample_tokens output carried NO_DRAFTS
@@ -36,7 +39,9 @@ def _sample_tokens(original):
     @functools.wraps(original)
     def sample_tokens(self, *args: Any, **kwargs: Any):
         output = original(self, *args, **kwargs)
-        setattr(self, _SKIP, bool(getattr(output, NO_DRAFTS, False)))
+        no_drafts = bool(getattr(output, NO_DRAFTS, False))
+        setattr(self, _SKIP, no_drafts)
+        engine_spin.drafting(not no_drafts)  # a step without drafts waits on no drafter: vLLM's busy loop
         return output
 
     return sample_tokens

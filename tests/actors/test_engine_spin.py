@@ -22,25 +22,34 @@ def test_accepted_values():
     assert parse_spin_s("0.02") == 0.02
 
 
-def test_register_sets_the_busy_loop_of_queues_built_after_it(monkeypatch):
+def test_register_sets_the_busy_loop_while_steps_draft_and_vllms_while_they_do_not(monkeypatch):
     import zmq
     from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
     from vllm.utils.network_utils import get_open_zmq_ipc_path
 
-    monkeypatch.setattr(SpinCondition.__init__, "__defaults__", SpinCondition.__init__.__defaults__)
+    for name in ("drafting_s", "plain_s", "current"):
+        monkeypatch.setattr(engine_spin._Spin, name, getattr(engine_spin._Spin, name))
     context = zmq.Context()
     try:
         monkeypatch.delenv(SPIN_ENV, raising=False)
-        engine_spin.register()  # unset: vLLM's default stays
+        engine_spin.register()  # unset: vLLM's default stays, whatever the steps do
+        engine_spin.drafting(True)
         assert SpinCondition(True, context, get_open_zmq_ipc_path()).busy_loop_s == 1
         monkeypatch.setenv(SPIN_ENV, "0.008")
         engine_spin.register()
-        assert SpinCondition(True, context, get_open_zmq_ipc_path()).busy_loop_s == 0.008
+        reader = SpinCondition(True, context, get_open_zmq_ipc_path())
+        assert reader.busy_loop_s == 0.008
+        engine_spin.drafting(False)  # a step without drafts: vLLM's loop, for queues built before too
+        assert reader.busy_loop_s == 1 and SpinCondition(True, context, get_open_zmq_ipc_path()).busy_loop_s == 1
+        engine_spin.drafting(True)
+        assert reader.busy_loop_s == 0.008
         monkeypatch.setenv(SPIN_ENV, "0")
         with pytest.raises(ValueError, match=SPIN_ENV):
             engine_spin.register()
     finally:
         context.destroy(linger=0)
+        if "busy_loop_s" in SpinCondition.__dict__:
+            del SpinCondition.busy_loop_s
 
 
 def test_vllm_finds_the_plugin():
