@@ -1,10 +1,10 @@
 """The typed messages between the verifier (vLLM worker) and a drafter, one pair per verification step.
 
 Wire format: msgpack for the small metadata (never pickle: a drafter may sit behind a network hop), and the
-target hidden states as one numpy array put once into the Ray object store (``ray.put``); the drafter gets
-the ``ObjectRef`` and reads the array zero-copy from its node's store. How the rows are encoded into that array
-(bf16 as int16 bits) and decoded back is ``actors.wire``'s (``HIDDEN_WIRE_DTYPES``, ``encode_hidden``,
-``decode_hidden``).
+target hidden states as one numpy array passed as the drafter call's second argument (Ray inlines a small array in
+the call and passes a large one through the object store, where the drafter reads it zero-copy). How the rows are
+encoded into that array (bf16 as int16 bits) and decoded back is ``actors.wire``'s (``HIDDEN_WIRE_DTYPES``,
+``encode_hidden``, ``decode_hidden``).
 
 For a step with B sequences and N tokens in all (``hidden``: ``[N, fused_hidden_size]``), sequence i owns
 rows ``[start_i, start_i + num_tokens_i)`` of the flat arrays. Row r of sequence i sits at position
@@ -416,6 +416,24 @@ class DraftStep(_Message):
             raise BadStep(f"draft step: mm_embeds width {emb.shape[1]}, the head's embeddings are {embed_width} wide")
 
 
+class BadDrafts(ValueError):
+    """A drafter's answer that the verifier must not use: the drafter is treated as failed."""
+
+
+def check_drafts(drafts: Any, rows: int, k: int, vocab_size: int | None) -> np.ndarray:
+    """A drafter's ``[rows, k]`` draft token ids, checked: an integer array of that shape, every id in
+    ``[0, vocab_size)`` (``vocab_size`` None: only ``>= 0``); vLLM indexes its logits with them. Else ``BadDrafts``
+    saying what is wrong. The verifier's one check of what a drafter answers (``DraftResult``, ``BranchTable``)."""
+    if not isinstance(drafts, np.ndarray) or not np.issubdtype(drafts.dtype, np.integer):
+        raise BadDrafts(f"drafts are {type(drafts).__name__} of {getattr(drafts, 'dtype', '?')}, not integer ids")
+    if drafts.shape != (rows, k):
+        raise BadDrafts(f"drafts of shape {list(drafts.shape)} for [{rows}, {k}]")
+    if drafts.size and (int(drafts.min()) < 0 or (vocab_size is not None and int(drafts.max()) >= vocab_size)):
+        raise BadDrafts(f"draft token ids in [{int(drafts.min())}, {int(drafts.max())}], outside the target's "
+                        f"vocabulary [0, {vocab_size})")
+    return drafts
+
+
 @dataclass
 class DraftResult(_Message):
     _what = "draft result"
@@ -498,6 +516,16 @@ class BranchTable(_Message):
     entries: dict[str, BranchEntry] = wire(_map_of(_row(BranchEntry)))
     active_sequences: int = wire(INT, default=0)  # sequences the drafter holds draft state for (all verifiers)
     compute_ms: float = wire(FLOAT, default=0.0)  # drafting the branches (and folding the step's hits)
+
+    def check(self, vocab_size: int | None) -> BranchTable:
+        """This table, checked as ``check_drafts`` checks drafts: every branch's ids in the vocabulary (a branch
+        shorter or longer than a step's k is only a miss, ``lookup``); else ``BadDrafts``."""
+        for rid, entry in self.entries.items():
+            for (a, y), drafts in entry.drafts.items():
+                if a < 0 or not drafts:
+                    raise BadDrafts(f"branch table for {rid!r}: branch {(a, y)} with {len(drafts)} drafts")
+                check_drafts(np.asarray([drafts], np.int64), 1, len(drafts), vocab_size)
+        return self
 
     def lookup(self, step: DraftStep) -> StepLookup:
         """Each sequence of ``step`` looked up: its real outcome (its rows' input ids) against its branches, a hit

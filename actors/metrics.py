@@ -80,7 +80,7 @@ class WaitHistogram:
 
 @dataclass
 class ProposerStats:
-    """What the verifier's proposer counted (``actors.verifier.proposer``), as the worker RPC ``eagle_cluster_stats``
+    """What the verifier's proposer counted (``actors.verifier.speculation``), as the worker RPC ``eagle_cluster_stats``
     returns it (plain dicts: ``to_dict`` / ``from_dict``) and ``VerifierServer.spec_stats`` answers it."""
 
     steps: int = 0  # draft steps sent to the drafters
@@ -90,7 +90,7 @@ class ProposerStats:
     branch_hits: int = 0  # ... answered from them
     per_request_branch_hits: dict[str, int] = field(default_factory=dict)
     acceptance_by_source: dict[str, SpecDecodeStats] = field(default_factory=dict)  # branch / on_demand
-    client: dict[str, Any] = field(default_factory=dict)  # the draft client's: rehomed, homes, events, drafters
+    client: dict[str, Any] = field(default_factory=dict)  # the speculator's: rehomed, homes, events, drafters
     replica: str = ""  # the verifier replica, when a Serve replica answers
     step_waits: WaitHistogram = field(default_factory=WaitHistogram)  # each draft step's wait for the drafters
     # sequences proposed no draft tokens (vLLM verified none for them), by reason: no_drafter, failed, context, full

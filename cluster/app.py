@@ -39,7 +39,7 @@ from ray.serve.config import RequestRouterConfig
 
 from actors.engine_spin import SPIN_ENV
 from cluster import serve_env
-from cluster.config import DRAFTER_DEPLOYMENT, DrafterPoolConfig, EagleClusterConfig
+from cluster.config import DRAFTER_DEPLOYMENT, AutoscalingConfig, DrafterPoolConfig, EagleClusterConfig
 from cluster.drafter_pool.front import DrafterPoolFront
 from cluster.drafter_pool.router import SequenceAffinityRouter
 from cluster.drafter_pool.server import DrafterServer
@@ -89,7 +89,9 @@ def build_drafter_app(args: dict[str, Any]) -> Application:
         replica_opts["runtime_env"] = {"env_vars": {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": interval}}
     else:
         drafter_opts["num_replicas"] = d.num_replicas or 1
-    drafters = serve.deployment(DrafterServer).options(**drafter_opts).bind(d.for_drafter(), actor_opts, d.timeout_s)
+    target = (d.autoscaling_config or AutoscalingConfig()).target_sequences_per_replica  # the default 16 if fixed
+    drafters = serve.deployment(DrafterServer).options(**drafter_opts).bind(
+        d.for_drafter(), actor_opts, d.timeout_s, target)
     if not serve_env.haproxy_enabled():  # read where the application is built: the Serve node's environment
         return drafters
     # Serve's HAProxy ingress refuses an application ingress with a custom router: a plain front instead.

@@ -47,7 +47,7 @@ from actors.eagle.compat import check_head_fits_target, target_text_config
 from actors.eagle.spec import HeadConfigError, HeadSpec, load_head_spec
 from actors.engine_spin import DEFAULT_SPIN_S, MIN_SPIN_S
 from actors.messages import MAX_SPECULATIVE_TOKENS
-from actors.verifier.client import DRAFT_TIMEOUT_S
+from actors.verifier.drafters import DRAFT_TIMEOUT_S
 from actors.verifier.options import refuse_unsupported
 from cluster.drafter_pool.autoscaling import DrafterLoadPolicy
 

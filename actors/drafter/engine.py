@@ -1,6 +1,6 @@
 """The drafter engine: proposes k draft tokens for a whole batch of sequences per verification step.
 
-Where it sits: the verifier's proposer (``actors.verifier.proposer``) sends a ``DraftStep`` and the target
+Where it sits: the verifier (``actors.verifier.remote_speculator``) sends a ``DraftStep`` and the target
 hidden states; ``DrafterEngine.draft`` returns a ``DraftResult``. No Ray, no Serve here: the Ray actor
 wrapper is ``actors.drafter.actor``.
 

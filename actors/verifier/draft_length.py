@@ -1,59 +1,38 @@
-"""How many draft tokens each verification step gets: the rule the proposer asks once per step.
+"""How many draft tokens each verification step gets: the policy ``actors.verifier.speculation`` asks once per step.
 
 Terms: *k* is the number of draft tokens proposed (and so scheduled and verified) for each sequence of a step,
 0..K with K = ``num_speculative_tokens``; k = 0 is a target-only step (nothing shipped to the drafters, nothing
-verified). *B* is the step's batch size (sequences scheduled).
+verified). *B* is the step's batch size.
 
 Three policies, named by ``speculative_config.num_speculative_tokens_per_batch_size`` (which the verifier's engine
-arguments move to ``additional_config["eagle_cluster"]["draft_length"]``, see ``actors.verifier.engine``):
+arguments move to ``additional_config["eagle_cluster"]["draft_length"]``, ``actors.verifier.engine``):
 
 - absent: ``FixedDraftLength``, k = K always (vLLM's behaviour).
-- a list of ``[start, end, k]`` (vLLM's format: inclusive batch-size ranges, sorted, non-overlapping, the first
-  starting at 1, k >= 0; gaps and the tail carry the previous k; k is clamped to K): ``ScheduledDraftLength``,
-  k = schedule(B). Validated and expanded by vLLM's own functions (``vllm.v1.spec_decode.dynamic.utils``).
-- ``"auto"``: ``AutoDraftLength``, k chosen to maximise the expected output tokens per second, from what the
-  verifier measures itself:
+- a list of ``[start, end, k]`` (vLLM's format and validation, ``vllm.v1.spec_decode.dynamic.utils``; k clamped to
+  K): ``ScheduledDraftLength``, k = schedule(B).
+- ``"auto"``: ``AutoDraftLength``, the k of the highest expected output tokens per second, from what the verifier
+  measures itself:
 
-  * acceptance by draft position: ``p[i]``, the share of recent draft runs whose draft ``i`` (0-based) was
-    accepted, among runs that proposed at least ``i + 1`` drafts (exponentially decayed counts, global). A
-    sequence drafting k tokens then yields ``E(k) = 1 + p[0] + ... + p[k-1]`` tokens per step (the bonus or
-    recovered token plus the accepted drafts).
-  * step cost, per batch-size bucket (1, 2, 3-4, 5-8, 9-16, ...; ``bucket``): a step's *period* runs from one
-    ``propose`` call to the next, so it holds the drafting of the step and the target forward that verifies it.
-    Each bucket drafts one k (``current``) and measures the others *against it*: ``rel[k]``, the cost of a step
-    drafting k over the cost of one drafting ``current``. A *probe* drafts k for ``hold`` (5) steps; its ratio is
-    the median of its periods over the median of the current k's last ``between`` (4) periods, all taken
-    since the previous probe, just before it. Ratios, not
-    costs, because this machine's speed drifts by 25% within minutes and everything is slow while a server warms
-    up: a probe and the periods it is compared with are measured side by side, so drift cancels. A k's ratio is
-    the mean of its last ``max_probes`` (4) probes, replaced outright when a probe differs by over ``changed``
-    (1.5x, either way: the cost changed). Only *steady* periods are samples: not the first ``settle`` (2) at a new
-    k (the first k = 0 step after k = 3 steps took ~1.6x a steady one at batch 32: it still streams the tokens the
-    k = 3 step verified; the first k > 0 steps after a k = 0 stretch find the drafter cold, 1.3-3.9x), nor steps
-    with prompt rows, idle gaps or bucket changes.
-  * the k >= 1 ratios lie on a line (``_Bucket.fitted``): measured held (issue 23, ``docs/BENCHMARKS.md``), a step
-    that drafts at all costs much more than one that does not (the ship, the wait, the drafter's context pass),
-    and each further draft little. So one noisy probe of k = 2 does not move k = 2 alone; the line pools them.
-  * goodput(k) = E(k) / rel(k), relative to the current k's; the chosen k is the argmax.
-  * a new bucket starts from the nearest bucket that measured every k: its ratios, and the k they pick. It probes
-    at once the k whose estimate is within ``close`` (0.8x) of the best, and k = 0 when the load rose (a larger
-    batch than the neighbour's: k = 0's ratio falls with the batch), the others only periodically: a load seen for
-    the first time is served at once at a k measured nearby.
+  * acceptance by draft position ``p[i]`` (decayed counts over recent draft runs): a sequence drafting k tokens
+    yields ``E(k) = 1 + p[0] + ... + p[k-1]`` tokens per step.
+  * step cost per batch-size bucket (1, 2, 3-4, 5-8, ...; ``bucket``). A step's *period* runs from one ``propose``
+    to the next: the drafting of the step and the target forward that verifies it. Each bucket drafts one k
+    (``current``) and measures the others *against it*: a *probe* drafts k for ``hold`` steps, and k's ratio
+    ``rel[k]`` is the median of its periods over the median of the current k's ``between`` periods just before it.
+    Ratios measured side by side, because this machine's speed drifts by 25% within minutes. A k's ratio is the
+    mean of its last ``max_probes`` probes, replaced when a probe differs by over ``changed``. Only steady periods
+    count: not the first ``settle`` at a new k, nor steps with prompt rows, idle gaps or bucket changes.
+  * the k >= 1 ratios are fitted to a line (``_Bucket.fitted``): drafting at all costs much (the ship, the wait,
+    the drafter's context pass), each further draft little, so one noisy probe does not move one k alone.
+  * goodput(k) = E(k) / rel(k); the chosen k is the argmax, kept unless a rival beats it by ``hysteresis`` on
+    ``confirm`` fresh probes; the k switched from is probed first after a switch, so a misread is undone soon.
+  * a new bucket starts from the nearest measured bucket's ratios; every ``explore_every`` steps a bucket probes a k
+    not in use (the runner-up every other time), so the ratios stay fresh. Exploration is deterministic.
 
-  Stability: a bucket keeps its current k unless another k's estimated goodput beats it by more than
-  ``hysteresis`` (5%). And it switches only on fresh, repeated evidence: a rival needs ``confirm`` (2) probes, the
-  last within ``fresh_steps`` (32) steps; a rival measured longer ago is measured afresh (``confirm`` probes,
-  its old ratio dropped) before the switch; and the k it switched from is probed first thing after the switch, so a
-  switch made on a misread (served at c = 4, one took a bucket from k = 3 to k = 1 for a whole run: 0.67x k = 3's
-  tokens/s) is undone within a few probes. Exploration is deterministic: a bucket with nothing to start from
-  measures the current k (K), then probes every other k, K - 1 down to 0; and every ``explore_every`` (64) steps
-  it probes a k not in use, so their ratios stay fresh: the runner-up every other time (the k a noisy ratio would
-  switch to, or has switched from), else the next of the others in turn (K down to 0).
+  ``python -m benchmarks.offline draft-length-sim`` replays the rule against per-k costs measured on this machine, with
+  noise, pauses and drift, beside the best fixed k.
 
-  Simulated against the per-k costs measured held on this machine (``python -m benchmarks.offline draft-length-sim``:
-  25% log-normal noise per step, 3% pauses of 2.5x, a slow 25% drift), this rule reaches 0.99 / 0.98 / 0.94x the best
-  fixed k's tokens per second at batch 1 / 4 / 8, where the rule it replaced (each k's own cost, the median of its
-  last 3 periods) reached 0.94 / 0.96 / 0.92x.
+``StepDraftLength`` applies a policy to the steps: it hands it each step's period and counts the k chosen.
 
 Worked example (also a test, ``tests/actors/verifier/test_draft_length.py``): K = 3, acceptance p = [0.8, 0.6, 0.4], so
 E = [1, 1.8, 2.4, 2.8] for k = 0..3. At a batch of 1 the step costs [10, 11, 12, 13] ms per sequence: goodput
@@ -77,7 +56,7 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 AUTO = "auto"
 FIELD = "num_speculative_tokens_per_batch_size"
@@ -400,3 +379,45 @@ def build_draft_length(spec: Any, max_k: int, max_num_seqs: int) -> DraftLength:
     if isinstance(spec, dict) and AUTO in spec:
         return AutoDraftLength(max_k, **(spec[AUTO] or {}))
     return ScheduledDraftLength(max_k, schedule=validate_schedule(list(spec)), max_num_seqs=max_num_seqs)
+
+
+class _TimedStep(NamedTuple):
+    """A decode step whose period (from its ``choose`` to the next) the policy may be handed."""
+
+    start: float  # when it chose its k (perf_counter seconds)
+    batch_size: int
+    k: int
+    previous_k: int | None  # the k of the decode step just before it; None: it followed a prompt step or a gap
+
+
+class StepDraftLength:
+    """A policy asked once per step: it is handed the last step's period (``observe_period``) when that step, the one
+    before it and this one were decode-only, in one batch-size bucket, with no idle gap (``idle``); the k chosen
+    per step is counted (``chosen``, for ``/metrics``)."""
+
+    def __init__(self, policy: DraftLength) -> None:
+        self.policy = policy
+        self.chosen = [0] * (policy.max_k + 1)  # steps per k
+        self.estimated_goodput = 0.0  # the policy's estimate for the last step (0: none)
+        self._last: _TimedStep | None = None
+
+    def choose(self, start: float, batch_size: int, clean: bool) -> int:
+        """This step's k; ``clean``: a decode-only step (no prompt rows)."""
+        policy = self.policy
+        if type(policy) is FixedDraftLength:
+            k = policy.max_k
+        else:
+            last, self._last = self._last, None
+            follows = last is not None and clean and bucket(last.batch_size) == bucket(batch_size)
+            if follows and last.previous_k is not None:  # steady periods only: the policy compares the two k
+                policy.observe_period(last.batch_size, last.k, (start - last.start) * 1e3, previous_k=last.previous_k)
+            k = max(0, min(policy.max_k, policy.choose(batch_size)))
+            if clean:
+                self._last = _TimedStep(start, batch_size, k, last.k if follows else None)
+            self.estimated_goodput = policy.goodput(batch_size, k) or 0.0
+        self.chosen[k] += 1
+        return k
+
+    def idle(self) -> None:
+        """The engine went idle: the next step's period would include the gap, so it is not measured."""
+        self._last = None

@@ -3,18 +3,18 @@
 Every engine this project builds uses it (baselines too, with ``remote_drafter: False``), so that all of them
 get the same CPU kernel fix (``actors.vllm_fixes``) and the same per-step timing.
 
-``init_device`` builds the model runner as usual (model runner V1: ``require_v1_runner``), then replaces
-``model_runner.drafter`` before ``load_model`` runs, so no draft weights are ever loaded here. The drafter client
-comes from ``additional_config["eagle_cluster"]["draft_client"]`` (see ``actors.verifier.client.build_client``).
+``init_device`` builds the model runner as usual (model runner V1: ``require_v1_runner``), then puts the adapter
+(``actors.verifier.vllm_adapter.RemoteEagleProposer``) in its drafter slot before ``load_model`` runs. The driver
+rank's adapter drafts through a ``Speculation`` over a ``RemoteSpeculator`` built from
+``additional_config["eagle_cluster"]["draft_client"]`` (``actors.verifier.remote_speculator.build_speculator``).
 
-``take_draft_token_ids`` hands vLLM's scheduler each request's drafts cut to the length the proposer chose this step
-(none at all when no drafter can draft it: vLLM then schedules and verifies no draft tokens for it). It is also where
-the verifier waits for the drafters: ``propose`` (inside ``sample_tokens``) only sends the step, and vLLM's engine
-core asks for the drafts (``post_step``) after it has sent the step's tokens to the clients, so a prompt step's first
-token, and every step's tokens, go out while the drafter drafts.
+The step's three hooks: ``execute_model`` frees what the scheduler finished (``begin_step``); ``propose`` (inside
+``sample_tokens``) sends the step and waits for nothing; ``take_draft_token_ids``, which vLLM's engine core calls
+after it has sent the step's tokens to the clients (``post_step``), reads the drafts. A step with none to hand
+(k = 0, no drafter) says so with its output, and the engine core skips that call (``actors.verifier.draft_handoff``).
 
 RPCs (``LLM.collective_rpc`` / ``engine.collective_rpc``): ``eagle_cluster_stats`` returns the proposer's
-counters, timings and per-request acceptance as plain dicts.
+counters, timings and per-request acceptance as plain dicts; ``eagle_cluster_counters`` the counters only.
 """
 
 from __future__ import annotations
@@ -34,14 +34,17 @@ if current_platform.is_cpu():
 else:  # pragma: no cover - GPU
     from vllm.v1.worker.gpu_worker import Worker as _PlatformWorker
 
-from actors import vllm_fixes
-from actors.metrics import COUNTER_KEYS
+from actors import engine_spin, vllm_fixes
+from actors.metrics import ProposerStats
 from actors.timing import ms_since
-from actors.verifier.client import build_client
 from actors.verifier.draft_handoff import mark_no_drafts
+from actors.verifier.draft_length import StepDraftLength, build_draft_length
 from actors.verifier.options import ASYNC_SCHEDULING, PIPELINE_PARALLEL
 from actors.verifier.owner_watch import watch_owner
-from actors.verifier.proposer import MAX_TIMINGS, ProposerState, RemoteEagleProposer
+from actors.verifier.remote_speculator import build_speculator
+from actors.verifier.speculation import Speculation
+from actors.verifier.step_stats import MAX_TIMINGS
+from actors.verifier.vllm_adapter import RemoteEagleProposer, check_vllm
 
 logger = logging.getLogger(__name__)
 
@@ -96,40 +99,6 @@ class StepSplit:
         return {f.name: list(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
-def plain_steps_without_drafts(runner: Any) -> list[int]:
-    """A decode step none of whose requests was scheduled a draft token runs as a target-only runner's step.
-
-    vLLM's V1 runner takes its speculative path on every step once a ``speculative_config`` is set
-    (``_prepare_inputs``: ``use_spec_decode = self.speculative_config is not None``): spec-decode metadata, its
-    rejection sampler, a ``[batch, 1 + k]`` output, also when no request has drafts. Measured at c = 16 with every
-    step at k = 0 (``docs/BENCHMARKS.md``, issue 23), that is +8% of the worker's CPU per token against target-only. So
-    for a step with no draft tokens and one token per request (decode only: a prompt chunk keeps the padded layout
-    the proposer reads images in), ``_prepare_inputs`` runs as it does without a speculative config: logits at each
-    request's last row, vLLM's plain sampler. Sampling one token from the target's logits is what the rejection
-    sampler does with no drafts (its bonus token), so outputs are unchanged. The runner still calls the proposer
-    after sampling (``propose_draft_token_ids``, which takes the ``spec_decode_metadata is None`` branch: every
-    scheduled row is a real one), so the draft-length policy keeps choosing k for the next step.
-
-    Returns a one-element list counting the steps that ran so (``eagle_cluster_stats``' ``plain_steps``).
-    """
-    prepare = runner._prepare_inputs
-    count = [0]
-
-    def _prepare_inputs(scheduler_output, *args: Any, **kwargs: Any):
-        drafted = any(scheduler_output.scheduled_spec_decode_tokens.values())
-        if drafted or scheduler_output.total_num_scheduled_tokens != len(scheduler_output.num_scheduled_tokens):
-            return prepare(scheduler_output, *args, **kwargs)
-        count[0] += 1
-        spec, runner.speculative_config = runner.speculative_config, None
-        try:
-            return prepare(scheduler_output, *args, **kwargs)
-        finally:
-            runner.speculative_config = spec
-
-    runner._prepare_inputs = _prepare_inputs
-    return count
-
-
 class RemoteDraftWorker(_PlatformWorker):
     """The platform worker plus the remote proposer, and a time split of each step (for benchmarks)."""
 
@@ -137,9 +106,13 @@ class RemoteDraftWorker(_PlatformWorker):
         vllm_fixes.apply()
         self.split = StepSplit()
         self._last_start: float | None = None
-        self._plain_steps = [0]
         self._skipped_takes = 0  # steps whose output said "no drafts", so the engine core asked for none
         super().__init__(*args, **kwargs)
+
+    @property
+    def adapter(self) -> RemoteEagleProposer | None:
+        drafter = getattr(self.model_runner, "drafter", None)
+        return drafter if isinstance(drafter, RemoteEagleProposer) else None
 
     def _timed(self, samples: deque[float], method, *args: Any, **kwargs: Any):
         """``method``'s result; its time until the device finished its work goes to ``samples`` (``ms_since``)."""
@@ -150,17 +123,8 @@ class RemoteDraftWorker(_PlatformWorker):
             samples.append(ms_since(start, getattr(self, "device", None)))
 
     def execute_model(self, scheduler_output, *args: Any, **kwargs: Any):
-        drafter = getattr(self.model_runner, "drafter", None)
-        if isinstance(drafter, RemoteEagleProposer):
-            drafter.settle()
-            drafter.draft_lengths = {}  # this step's, set by propose (the runner may not call it)
-            if scheduler_output.total_num_scheduled_tokens == 0:
-                # The engine's last step before going idle carries the requests that just finished: free their
-                # draft state now, since no propose() follows to carry them.
-                drafter.free_now(sorted(scheduler_output.finished_req_ids))
-                drafter.note_idle()  # the draft-length policy does not time a step across an idle gap
-            else:  # freed with the next propose(); requests merely not scheduled keep theirs
-                drafter.scheduler_finished(scheduler_output.finished_req_ids)
+        if (adapter := self.adapter) is not None:
+            adapter.begin_step(scheduler_output)
         now = time.perf_counter()
         if self._last_start is not None and scheduler_output.total_num_scheduled_tokens:
             self.split.period_ms.append((now - self._last_start) * 1e3)
@@ -169,31 +133,20 @@ class RemoteDraftWorker(_PlatformWorker):
 
     def sample_tokens(self, *args: Any, **kwargs: Any):
         output = self._timed(self.split.sample_ms, super().sample_tokens, *args, **kwargs)
-        drafter = getattr(self.model_runner, "drafter", None)
-        if isinstance(drafter, RemoteEagleProposer) and drafter.nothing_to_take(self.model_runner.input_batch.req_ids):
-            mark_no_drafts(output)  # the engine core skips take_draft_token_ids (actors.verifier.draft_handoff)
-            self._skipped_takes += 1
+        if (adapter := self.adapter) is not None and adapter.speculation is not None:
+            no_drafts = adapter.nothing_to_take()
+            if no_drafts:
+                mark_no_drafts(output)  # the engine core skips take_draft_token_ids (actors.verifier.draft_handoff)
+                self._skipped_takes += 1
+            engine_spin.drafting(not no_drafts)  # a step without drafts waits on no drafter: vLLM's busy loop
         return output
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
-        """The drafts vLLM's scheduler schedules for the next step (engine core: ``post_step``), each request's cut
-        to the length the proposer chose for it this step (``RemoteEagleProposer.trim_drafts``): a request with none
-        (no usable drafter, its drafter failed, ...) is scheduled no draft tokens, so vLLM verifies none for it, and
-        a step with none at all costs what a target-only step costs. The scheduler reads the output rank's answer:
-        tensor-parallel rank 0, the driver."""
-        drafts = super().take_draft_token_ids()  # the runner's: the step's req_ids, and the placeholders propose gave
-        drafter = getattr(self.model_runner, "drafter", None)
-        if not isinstance(drafter, RemoteEagleProposer):
-            return drafts
-        ids = drafter.collect_drafts()  # [batch_size, k], the drafters' answers, waited for only now
-        if drafts is None:
-            return None
-        if ids is not None and len(ids) == len(drafts.req_ids):
-            drafts = DraftTokenIds(drafts.req_ids, ids.tolist())
-        elif ids is not None:  # not the batch propose saw: schedule no drafts rather than wrong ones
-            logger.warning("drafts for %d requests, the runner has %d: none scheduled", len(ids), len(drafts.req_ids))
-            return DraftTokenIds(drafts.req_ids, [[] for _ in drafts.req_ids])
-        return drafter.trim_drafts(drafts)
+        """The drafts vLLM's scheduler schedules for the next step (``RemoteEagleProposer.take``). The scheduler reads
+        the output rank's answer: tensor-parallel rank 0, the driver."""
+        placeholders = super().take_draft_token_ids()
+        adapter = self.adapter
+        return placeholders if adapter is None else adapter.take(placeholders)
 
     def init_device(self) -> None:
         super().init_device()
@@ -207,25 +160,27 @@ class RemoteDraftWorker(_PlatformWorker):
             if getattr(runner, "drafter", None) is not None:
                 runner.drafter.propose = self._timed_local_propose(runner.drafter.propose)
             return
+        check_vllm()
         pc = self.vllm_config.parallel_config
         if self.vllm_config.scheduler_config.async_scheduling:
             raise RuntimeError(f"eagle_cluster verifier: async_scheduling is on; {ASYNC_SCHEDULING}")
         if pc.pipeline_parallel_size > 1:  # before the drafter check: stages but the last have no drafter
             raise RuntimeError(f"eagle_cluster verifier: pipeline_parallel_size {pc.pipeline_parallel_size}; "
                                f"{PIPELINE_PARALLEL}")
-        if self.vllm_config.speculative_config is None or not hasattr(runner, "drafter"):
+        spec_config = self.vllm_config.speculative_config
+        if spec_config is None or not hasattr(runner, "drafter"):
             raise RuntimeError("eagle_cluster verifier: the engine needs an EAGLE / EAGLE-3 speculative_config")
-        is_driver = self.rank % pc.tensor_parallel_size == 0  # TP rank 0 (one pipeline stage: see above)
-        client = None
-        if is_driver:
+        speculation = None
+        if self.rank % pc.tensor_parallel_size == 0:  # the driver: TP rank 0 (one pipeline stage: see above)
             spec = dict(cfg.get("draft_client", {}))
             spec.setdefault("vocab_size", self.vllm_config.model_config.get_vocab_size())  # drafts are checked
             _ensure_ray(cfg.get("ray_address"), spec.get("namespace"))
-            client = build_client(spec)
-        runner.drafter = RemoteEagleProposer(self.vllm_config, self.device, runner, client, is_driver)
-        self._plain_steps = plain_steps_without_drafts(runner)
-        # False only to measure drafting from image placeholder ids (what this project did before it shipped them)
-        runner.drafter.ship_mm_embeds = bool(cfg.get("mm_embeds", True))
+            policy = build_draft_length(cfg.get("draft_length"), spec_config.num_speculative_tokens,
+                                        self.vllm_config.scheduler_config.max_num_seqs)
+            speculation = Speculation(build_speculator(spec), StepDraftLength(policy))
+        # mm_embeds False only to measure drafting from image placeholder ids
+        runner.drafter = RemoteEagleProposer(self.vllm_config, self.device, runner, speculation,
+                                             ship_mm_embeds=bool(cfg.get("mm_embeds", True)))
 
     def _timed_local_propose(self, propose):
         def timed(**kwargs):  # the runner passes everything by keyword
@@ -237,44 +192,46 @@ class RemoteDraftWorker(_PlatformWorker):
 
         return timed
 
+    def _report(self, counters_only: bool) -> tuple[bool, ProposerStats]:
+        """(whether this rank is the driver, its proposer's statistics: empty where it does not draft)."""
+        adapter = self.adapter
+        if adapter is None or adapter.speculation is None:
+            return adapter is None and self.rank == 0, ProposerStats()
+        return True, adapter.speculation.report(counters_only)
+
     def eagle_cluster_stats(self) -> dict[str, Any]:
-        drafter, st, is_driver, client, goodput = self._proposer()
+        is_driver, stats = self._report(counters_only=False)
+        adapter = self.adapter
+        speculation = adapter.speculation if adapter is not None else None
+        st = speculation.stats if speculation is not None else None
+        policy = speculation.lengths.policy if speculation is not None else None
         return {
             "is_driver": is_driver,
-            **st.stats(client, goodput_by_k=goodput).to_dict(),
+            **stats.to_dict(),
             # image rows shipped, and steps that were handed image embeddings (vLLM gathered them)
-            "mm_rows_shipped": st.mm_rows_shipped,
-            "mm_steps": st.mm_steps,
-            "plain_steps": self._plain_steps[0],  # decode steps without drafts run as target-only steps
+            "mm_rows_shipped": st.mm_rows_shipped if st else 0,
+            "mm_steps": st.mm_steps if st else 0,
+            "plain_steps": adapter.plain_steps[0] if adapter else 0,  # decode steps without drafts run target-only
             "steps_without_take": self._skipped_takes,  # ... whose drafts the engine core did not ask for
             # (batch size, k, period ms) of each step the draft-length policy timed (``auto`` only)
-            "draft_length_periods": list(getattr(getattr(drafter, "draft_length", None), "history", ())),
-            "timings": [dataclasses.asdict(t) for t in st.timings],
+            "draft_length_periods": list(getattr(policy, "history", ())),
+            "timings": [dataclasses.asdict(t) for t in st.timings] if st else [],
             **self.split.to_dict(),
         }
 
     def eagle_cluster_counters(self) -> dict[str, Any]:
-        """``ProposerStats`` with the counters only (no per-request table, no per-step timings, the client's counts
-        but not its events): what ``/metrics`` reads on every scrape, so a scrape costs the same after a day as
-        after a minute."""
-        _, st, is_driver, client, goodput = self._proposer()
-        counts = {k: client[k] for k in COUNTER_KEYS if k in client}
-        return {"is_driver": is_driver, **st.stats(counts, counters_only=True, goodput_by_k=goodput).to_dict()}
-
-    def _proposer(self) -> tuple[Any, ProposerState, bool, dict[str, Any], dict[str, list[float | None]]]:
-        """(the runner's drafter, its proposer state, whether this rank is the driver, its draft client's stats, its
-        draft-length policy's goodput estimates, read now rather than at every step); an empty state, no client
-        stats and no estimates where the drafter is not the remote proposer."""
-        drafter = getattr(self.model_runner, "drafter", None)
-        if not isinstance(drafter, RemoteEagleProposer):
-            return drafter, ProposerState(), self.rank == 0, {}, {}
-        client = drafter.client.stats() if hasattr(drafter.client, "stats") else {}
-        return drafter, drafter.state, drafter.is_driver, client, drafter.draft_length.goodput_table()
+        """``ProposerStats`` with the counters only (no per-request table, no per-step timings, the speculator's
+        counts but not its events): what ``/metrics`` reads on every scrape, so a scrape costs the same after a day
+        as after a minute."""
+        is_driver, stats = self._report(counters_only=True)
+        return {"is_driver": is_driver, **stats.to_dict()}
 
     def eagle_cluster_reset_stats(self) -> None:
-        drafter = getattr(self.model_runner, "drafter", None)
-        if isinstance(drafter, RemoteEagleProposer):
-            drafter.state.reset_measurements()
-            if hasattr(drafter.draft_length, "history"):
-                drafter.draft_length.history.clear()
+        adapter = self.adapter
+        if adapter is not None and adapter.speculation is not None:
+            speculation = adapter.speculation
+            speculation.stats.timings.clear()
+            speculation.acceptance.reset_measurements()
+            if hasattr(speculation.lengths.policy, "history"):
+                speculation.lengths.policy.history.clear()
         self.split.clear()

@@ -1,7 +1,7 @@
 """``SequenceAffinityRouter``: Ray Serve's request router for the drafter deployment.
 
 Per-step drafting traffic does not go through Serve: each replica owns a drafter actor, and a verifier's
-``cluster.drafter_pool.client.ServeDraftClient`` calls that actor straight by its handle. What goes through Serve is
+``actors.verifier.remote_speculator`` calls that actor straight by its handle. What goes through Serve is
 small and rare, and this router decides where, from a routing key in the handle's ``session_id``
 (see ``route_key``):
 

@@ -5,7 +5,7 @@ resources, and autoscaling, and binds it the pool's ``actors.drafter.config.Draf
 health-checks and scales the replicas; the replica starts its drafter actor with those settings in its own bundle
 (so the actor gets the replica's CPUs / GPU), and the actor dies with it (Ray ends an actor whose owner dies).
 Verifiers reach the actor straight by its handle, which ``attach`` hands out
-(``cluster.drafter_pool.client.ServeDraftClient``): a step's traffic never goes through Serve.
+(``cluster.drafter_pool.finder.ServeFinder``): a step's traffic never goes through Serve.
 
 Health reflects real health: the actor is alive and answers a one-token draft. Load reports:
 ``record_routing_stats`` (active sequences, for the router's least-loaded choice) and
@@ -19,16 +19,17 @@ from typing import Any
 
 from actors.drafter.actor import drafter_actor_class
 from actors.drafter.config import DrafterSettings
-from actors.verifier.client import DRAFT_TIMEOUT_S
+from actors.verifier.drafters import DRAFT_TIMEOUT_S
 
 
 class DrafterServer:
     async def __init__(self, settings: DrafterSettings, actor_options: dict[str, Any] | None = None,
-                       timeout_s: float = DRAFT_TIMEOUT_S) -> None:
+                       timeout_s: float = DRAFT_TIMEOUT_S, target_sequences: float = float("inf")) -> None:
         """``settings``: the drafter actor's, as the pool config built them (``DrafterPoolConfig.for_drafter``),
         handed to it whole. ``actor_options``: its Ray resources (``num_cpus``, ``num_gpus``, ``resources``).
         ``timeout_s``: how long a verifier waits for a draft call here, handed to it with ``attach`` (a drafter
-        setting that verifiers learn)."""
+        setting that verifiers learn), and ``target_sequences``: the pool's target per replica, past which a verifier
+        homes no more sequences here by their prompt's prefix (``actors.verifier.homes``)."""
         from ray import serve
         from ray.util import get_current_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -39,7 +40,7 @@ class DrafterServer:
         if pg is not None:
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
         self.drafter = drafter_actor_class(**opts).remote(settings, self.replica_id)
-        self.info = {**await self.drafter.info.remote(), "timeout_s": timeout_s}
+        self.info = {**await self.drafter.info.remote(), "timeout_s": timeout_s, "target_sequences": target_sequences}
 
     async def attach(self) -> tuple[str, Any, dict[str, Any]]:
         """(this replica's id, its drafter actor's handle, the drafter's info) for a verifier's client."""

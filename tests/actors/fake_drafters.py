@@ -1,5 +1,5 @@
-"""Drafter actors without Ray, for the draft clients' tests: a fake actor whose calls return fake object refs, and
-``fake_ray`` to make ``ray.get`` / ``ray.wait`` read them."""
+"""Drafter actors without Ray, for the remote speculator's tests: a fake actor whose calls return fake object refs,
+``fake_ray`` to make ``ray.get`` / ``ray.wait`` read them, and ``Pool``, a ``RemoteSpeculator`` over such fakes."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ from typing import Any
 
 import numpy as np
 import ray
+import torch
 
 from actors.messages import DraftResult, DraftStatus, DraftStep, SeqSlice
-from actors.verifier.client import DraftClient
+from actors.verifier.remote_speculator import RemoteSpeculator
+from actors.verifier.speculator import Drafts
 
 K = 2
 VOCAB = 100
@@ -33,19 +35,21 @@ class Method:
 
 
 class FakeDrafter:
-    """A drafter actor: ``propose`` answers ``answer(step)`` (a ``DraftResult`` or an exception for ``ray.get``);
-    ``free`` and a step's ``finished`` record what it was asked to free (``free`` raises with ``free_raises``)."""
+    """A drafter actor: ``draft_step`` answers ``answer(step)`` (a ``DraftResult`` or an exception for ``ray.get``);
+    ``free`` records what it was asked to free (``free`` raises with ``free_raises``); ``steps`` the steps it got."""
 
     def __init__(self, answer, free_raises: bool = False) -> None:
         self.answer, self.free_raises = answer, free_raises
         self.freed: list[str] = []
+        self.steps: list[DraftStep] = []
         self.draft_step = Method(self._draft_step)
         self.free = Method(self._free)
         self.branches = Method(lambda req_ids: Ref(error=AssertionError("no branches asked of a sync drafter")))
 
     def _draft_step(self, step_bytes: bytes, hidden: np.ndarray) -> Ref:
         step = DraftStep.unpack(step_bytes)
-        self.freed += step.finished  # as the engine does first thing
+        self.steps.append(step)
+        assert step.finished == [], "finished sequences are freed by free(), never carried by a step"
         out = self.answer(step)
         return Ref(error=out) if isinstance(out, Exception) else Ref(out.pack())
 
@@ -79,18 +83,30 @@ def fake_ray(monkeypatch) -> None:
     monkeypatch.setattr(ray, "wait", lambda refs, timeout=None: (list(refs), []))
 
 
-class Pool(DraftClient):
-    """A draft client over fake drafters: ``{drafter id: (FakeDrafter, its reported load)}``."""
+class Pool(RemoteSpeculator):
+    """A ``RemoteSpeculator`` over fake drafters, ``fakes``: ``{drafter id: (FakeDrafter, its reported load)}``.
 
-    def __init__(self, drafters: dict[str, tuple[FakeDrafter, int]], drafts_branches: bool = False) -> None:
-        super().__init__(timeout_s=1.0, vocab_size=VOCAB)
-        self.drafters, self.drafts_branches = drafters, drafts_branches
+    No discovery thread: ``draft`` names every fake to ``drafters.add`` at each step, as a discovery round would (so
+    a dropped one is named again, and stays out while it is held, ``Quarantine``)."""
 
-    def _discover(self) -> None:
-        for drafter_id, (actor, load) in self.drafters.items():
-            self._add_link(drafter_id, actor, {"drafts_branches": self.drafts_branches, "active_sequences": load})
+    def __init__(self, fakes: dict[str, tuple[FakeDrafter, int]], drafts_branches: bool = False, **kw: Any) -> None:
+        super().__init__(None, **({"timeout_s": 1.0, "vocab_size": VOCAB} | kw))
+        self.fakes, self.drafts_branches = fakes, drafts_branches
+
+    def found(self) -> None:
+        """The fakes, added (one in use or held out is left as it is)."""
+        for drafter_id, (actor, load) in self.fakes.items():
+            self.drafters.add(drafter_id, actor, {"drafts_branches": self.drafts_branches, "active_sequences": load})
+
+    def draft(self, step: DraftStep, hidden: torch.Tensor | np.ndarray) -> Drafts:
+        """One step as ``actors.verifier.speculation`` drives it: ``ready`` (readmits the recovered), then ``send``
+        and ``collect``."""
+        self.ready()
+        self.found()
+        hidden = torch.from_numpy(hidden) if isinstance(hidden, np.ndarray) else hidden
+        return self.collect(self.send(step, hidden))
 
 
-def step_of(step_id: int, req_ids: list[str], finished: list[str] | None = None) -> tuple[DraftStep, np.ndarray]:
+def step_of(step_id: int, req_ids: list[str]) -> tuple[DraftStep, np.ndarray]:
     seqs = [SeqSlice(rid, i, 1, 10 + step_id) for i, rid in enumerate(req_ids)]
-    return DraftStep(step_id, K, seqs, np.ones(len(seqs), np.int32), finished or []), np.zeros((len(seqs), 4))
+    return DraftStep(step_id, K, seqs, np.ones(len(seqs), np.int32)), np.zeros((len(seqs), 4))

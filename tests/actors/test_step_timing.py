@@ -87,31 +87,26 @@ def test_worker_without_a_device_yet_times_on_the_host(syncs):
     assert len(samples) == 2 and syncs == []
 
 
-def test_remote_propose_times_until_the_device_is_done(monkeypatch):
-    """The proposer's propose_ms ends after the drafts were copied to the verifier's device (``collect_drafts``)."""
-    from actors.messages import DraftStatus
-    from actors.verifier.client import BatchTiming, DraftReply
-    from actors.verifier.proposer import ProposerState, RemoteEagleProposer
-    from tests.actors.fake_proposer import InstantClient
+def test_remote_step_is_timed_when_its_drafts_are_read(monkeypatch):
+    """A step's ``propose_ms`` (sending it, then reading its drafts back) is recorded when its drafts are collected
+    (``Speculation.collect``), never at propose. The drafts come back as host arrays that vLLM's scheduler takes as
+    lists (``RemoteEagleProposer.take``), never copied to the verifier's device: nothing there to wait for."""
+    from actors.verifier.speculator import Drafts, DraftTiming
+    from tests.actors.fake_speculator import FakeSpeculator, propose, speculation
 
-    class Client(InstantClient):
-        def usable(self):
-            return True
-
-        def draft_batch(self, step, hidden):
-            drafts = np.full((len(step.seqs), step.num_speculative_tokens), 7, np.int32)
-            return DraftReply(DraftStatus.OK, drafts), BatchTiming(0.0, 0.0, 0.1, False)
+    class Timed(FakeSpeculator):
+        def draft(self, step):
+            drafts = super().draft(step)
+            drafts.timing = DraftTiming(ship_ms=0.2, wait_ms=0.0, compute_ms=0.1, all_hits=False)
+            return drafts
 
     waited: list = []
     monkeypatch.setattr(timing, "synchronize", waited.append)
-    p = object.__new__(RemoteEagleProposer)  # what propose() reads; no vLLM config
-    p.is_driver, p.client, p.state, p._finished, p.device = True, Client(), ProposerState(), set(), torch.device("cpu")
-    p.runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=["a", "b"]))
-    p._in_flight = None
-    meta = SimpleNamespace(batch_size=lambda: 2, query_start_loc_cpu=torch.tensor([0, 3, 5]))
-    placeholders = p.propose(2, torch.arange(5), torch.arange(5), torch.zeros(5, 4), torch.tensor([9, 9]), None, meta,
-                             None)
-    assert placeholders.tolist() == [[0, 0], [0, 0]] and waited == [] and not p.state.timings
-    drafts = p.collect_drafts()
-    assert drafts.tolist() == [[7, 7], [7, 7]]
-    assert waited == [p.device] and len(p.state.timings) == 1
+    s = speculation(Timed())
+    propose(s, [("a", 0, 3), ("b", 0, 2)])
+    assert not s.stats.timings
+    drafts = s.collect()
+    assert isinstance(drafts, Drafts) and isinstance(drafts.ids, np.ndarray) and drafts.ids.tolist() == [[7, 7]] * 2
+    t = s.stats.timings[-1]
+    assert len(s.stats.timings) == 1 and (t.batch_size, t.num_tokens, t.ship_ms, t.compute_ms) == (2, 5, 0.2, 0.1)
+    assert t.propose_ms >= 0 and waited == []

@@ -45,7 +45,8 @@ def test_the_verifier_reaches_the_drafter_application_by_name():
     assert verifier.name == "Verifier" and verifier.init_args[0].drafter_app == DRAFTER_APP_NAME
     drafter = drafter_deployment(build_drafter_app(deploy_yaml.app_args(doc, DRAFTER_APP_NAME)))
     assert drafter.name == DRAFTER_DEPLOYMENT
-    assert drafter.init_args[-1] == 10.0  # the draft-call timeout, handed to verifiers through attach
+    # the draft-call timeout and the target sequences per replica, handed to verifiers through attach
+    assert drafter.init_args[2:] == (10.0, 16)
 
 
 @pytest.mark.parametrize("haproxy", [True, False], ids=["haproxy", "python-proxy"])

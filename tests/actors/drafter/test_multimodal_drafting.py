@@ -12,7 +12,7 @@ from actors.drafter.config import DrafterEngineConfig
 from actors.drafter.engine import DrafterEngine
 from actors.eagle.checkpoint import load_head
 from actors.messages import BadStep, DraftStep, SeqSlice
-from actors.verifier.proposer import RemoteEagleProposer
+from actors.verifier.step_rows import mm_rows
 from tests.actors.drafter.test_drafter_engine import causal_attend, make_step
 
 
@@ -132,38 +132,12 @@ def test_image_rows_from_vllm_inputs():
     """vLLM's (mm_embeds, is_mm_embed) over the scheduled tokens -> the shipped rows and their embeddings."""
     e = torch.arange(3 * 2, dtype=torch.float32).view(3, 2)
     is_mm = torch.tensor([False, True, True, False, True])
-    proposer = object.__new__(RemoteEagleProposer)
-    rows, emb = proposer._mm_rows(([e[:2], e[2:]], is_mm), torch.tensor([0, 1, 4]), 5)
+    rows, emb = mm_rows(([e[:2], e[2:]], is_mm), torch.tensor([0, 1, 4]), 5)
     assert rows.tolist() == [1, 2]
     assert torch.equal(emb, e[[0, 2]])
-    rows, emb = proposer._mm_rows(([e], is_mm), torch.tensor([0, 3]), 5)
+    rows, emb = mm_rows(([e], is_mm), torch.tensor([0, 3]), 5)
     assert rows.tolist() == [] and emb is None
-    assert proposer._mm_rows(None, torch.tensor([0]), 5)[1] is None
+    assert mm_rows(None, torch.tensor([0]), 5)[1] is None
     # non-padded path: rows dropped (4 of 5 left) no longer line up with the scheduled tokens -> nothing shipped
-    assert proposer._mm_rows(([e], is_mm), torch.tensor([0, 1]), 4, padded=False)[1] is None
-    assert proposer._mm_rows(([e], is_mm), torch.tensor([0, 1]), 5, padded=False)[0].tolist() == [1]
-
-
-def test_runner_gathers_image_embeddings_only_while_images_lie_ahead():
-    """``supports_mm_inputs`` (read by vLLM's runner each step): off for a text-only target, for text-only
-    requests, and once every image position is behind the computed tokens; off with ``ship_mm_embeds`` false."""
-    from types import SimpleNamespace as NS
-
-    def req(computed, *images):
-        feats = [NS(mm_position=NS(offset=o, length=n)) for o, n in images]
-        return NS(num_computed_tokens=computed, mm_features=feats)
-
-    proposer = object.__new__(RemoteEagleProposer)
-    proposer.runner = NS(input_batch=NS(req_ids=["t", "i"]), requests={"t": req(0), "i": req(0, (5, 16))})
-    assert proposer.supports_mm_inputs is False  # the target takes no images
-    proposer.supports_mm_inputs = True  # what vLLM's constructor sets for a multimodal target
-    assert proposer.supports_mm_inputs is True
-    proposer.runner.requests["i"] = req(20, (5, 16))  # image at 5..20: its last row's input is position 21 > 20
-    assert proposer.supports_mm_inputs is False
-    proposer.runner.requests["i"] = req(19, (5, 16), (40, 4))
-    assert proposer.supports_mm_inputs is True
-    proposer.ship_mm_embeds = False
-    assert proposer.supports_mm_inputs is False
-    proposer.ship_mm_embeds = True
-    proposer.runner.input_batch.req_ids = ["t"]  # the image request is not in this step's batch
-    assert proposer.supports_mm_inputs is False
+    assert mm_rows(([e], is_mm), torch.tensor([0, 1]), 4, padded=False)[1] is None
+    assert mm_rows(([e], is_mm), torch.tensor([0, 1]), 5, padded=False)[0].tolist() == [1]

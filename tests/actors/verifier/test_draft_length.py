@@ -170,11 +170,14 @@ def test_auto_samples_steady_periods_only():
     assert s.rel[2] == pytest.approx(20.0 / 41.0) and s.probes[2] == 1
 
 
-def test_the_proposer_hands_auto_the_previous_steps_k():
-    """The proposer times each step from its ``propose`` to the next and hands the policy that period with the k
-    of the step before it, only when all three steps were decode steps (a prompt step breaks the chain)."""
-    from actors.messages import SeqRole, SeqSlice
-    from actors.verifier.proposer import ProposerState, RemoteEagleProposer
+def test_the_speculation_hands_auto_the_previous_steps_k(monkeypatch):
+    """Each step is timed from its ``propose`` to the next (``StepDraftLength``, asked by ``Speculation.propose``),
+    and the policy handed that period with the k of the step before it, only when all three steps were decode steps
+    (a prompt step breaks the chain, as does an idle engine); the k chosen per step is counted."""
+    from types import SimpleNamespace
+
+    from actors.verifier import speculation as speculation_module
+    from tests.actors.fake_speculator import propose, speculation
 
     class Scripted:
         max_k = 3
@@ -188,20 +191,34 @@ def test_the_proposer_hands_auto_the_previous_steps_k():
         def observe_period(self, batch_size, k, ms, previous_k=None):
             self.seen.append((k, previous_k, round(ms)))
 
+        def observe_acceptance(self, num_drafts, accepted):
+            return None
+
         def goodput(self, batch_size, k):
             return None
 
-    p = object.__new__(RemoteEagleProposer)
-    p.state, p._last_step = ProposerState(speculative_tokens=[0] * 4), None
-    p.draft_length = policy = Scripted([3, 3, 0, 0, 0, 3, 3, 3])
-    decode, prompt = [SeqSlice("a", 0, 1, 9)], [SeqSlice("a", 0, 4, 0, SeqRole.CONTEXT)]
+    now = [0.0]
+    monkeypatch.setattr(speculation_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    s = speculation(policy=(policy := Scripted([3, 3, 0, 0, 0, 3, 3, 3, 3, 3, 3])))
+    decode, prompt = [("a", 9, 1)], [("a", 0, 4)]
     for t, seqs in enumerate([decode, decode, decode, decode, decode, prompt, decode, decode]):
-        p._choose_draft_length(t * 0.01, 1, 3, seqs, [False])  # propose at t * 10 ms
+        now[0] = t * 0.01  # propose at t * 10 ms
+        propose(s, seqs, prompt_lens=[4] if seqs is prompt else None)
+        s.collect()
     # Step t's period (k_t, k_{t-1}) is handed over at step t + 1: steps 1, 2 and 3 (step 0 has no previous k).
     # Step 4's period ends at the prompt step, which breaks the chain: step 6 has no previous k, so step 7 hands
     # nothing over either.
     assert policy.seen == [(3, 3, 10), (0, 3, 10), (0, 0, 10)]
-    assert p.state.speculative_tokens == [3, 0, 0, 5]
+    assert s.lengths.chosen == [3, 0, 0, 5]
+    # The engine idle before step 8: step 7's period (which step 8 would hand over) includes the gap, so it is not;
+    # step 9 then has no previous k, and step 10 hands step 9's period over.
+    for t, idle in ((8, True), (9, False), (10, False)):
+        now[0] = t * 0.01
+        if idle:
+            s.idle()
+        propose(s, decode)
+        s.collect()
+    assert policy.seen == [(3, 3, 10), (0, 3, 10), (0, 0, 10), (3, 3, 10)]
 
 
 def test_engine_arguments_move_the_key_to_the_clusters_config():

@@ -1,6 +1,7 @@
-"""What the verifier does with a drafter's answer that does not hold up (``actors.verifier.client``): draft ids
-that are not integers, not ``[num_seqs, k]``, or outside the target's vocabulary make that drafter a failed one
-(placeholders for its sequences this step, dropped, re-homed next step); the engine never sees them. Fake drafter
+"""What the verifier does with a drafter's answer that does not hold up (``actors.verifier.remote_speculator``,
+``actors.messages.check_drafts``): draft ids that are not integers, not ``[num_seqs, k]``, or outside the target's
+vocabulary make that drafter a failed one (its sequences short this step, it is dropped, they re-home next step);
+the engine never sees them. Fake drafter
 links (plain objects whose calls return ``ray.put`` refs) stand in for drafter actors. Also ``DraftStep.validate``,
 which a drafter runs on what the verifier sends."""
 
@@ -11,8 +12,19 @@ import pytest
 import ray
 import torch
 
-from actors.messages import BranchEntry, BranchTable, DraftResult, DraftStatus, DraftStep, SeqRole, SeqSlice
-from actors.verifier.client import BadDrafts, DraftClient, check_drafts, check_table
+from actors.messages import (
+    BadDrafts,
+    BranchEntry,
+    BranchTable,
+    DraftResult,
+    DraftStatus,
+    DraftStep,
+    SeqRole,
+    SeqSlice,
+    check_drafts,
+)
+from actors.verifier.remote_speculator import RemoteSpeculator
+from actors.verifier.speculator import Drafts, Short
 
 K, VOCAB = 3, 100
 
@@ -52,17 +64,17 @@ class FakeDrafter:
         return DraftResult(step.step_id, DraftStatus.OK, np.asarray(drafts), active_sequences=1).pack()
 
 
-class Pool(DraftClient):
-    """Learns each drafter once (a dropped one is not found again)."""
+def pool(drafters) -> RemoteSpeculator:
+    """A speculator that knows each drafter once (a dropped one is not found again)."""
+    speculator = RemoteSpeculator(None, new_group_size=1, vocab_size=VOCAB)
+    for d in drafters:
+        speculator.drafters.add(d.name, d, {"drafts_branches": d.table is not None})
+    return speculator
 
-    def __init__(self, drafters, **kw) -> None:
-        super().__init__(new_group_size=1, vocab_size=VOCAB, **kw)
-        self.unseen = list(drafters)
 
-    def _discover(self) -> None:
-        for d in self.unseen:
-            self._add_link(d.name, d, {"drafts_branches": d.table is not None})
-        self.unseen = []
+def draft(speculator: RemoteSpeculator, sent: tuple[DraftStep, torch.Tensor]) -> Drafts:
+    assert speculator.ready()
+    return speculator.collect(speculator.send(*sent))
 
 
 def step(step_id: int, seqs: list[tuple[str, int, list[int]]], role=SeqRole.DRAFT) -> tuple[DraftStep, torch.Tensor]:
@@ -91,32 +103,35 @@ def good(step: DraftStep) -> np.ndarray:
 )
 def test_bad_drafts_fail_that_drafter_only(ray_local, bad, reason):
     liar, honest = FakeDrafter("liar", bad), FakeDrafter("honest", good)
-    client = Pool([liar, honest])
-    reply, _ = client.draft_batch(*step(0, [("a", 0, [1, 2]), ("b", 0, [3])]))  # one sequence per drafter
-    (lost,) = client.lost  # the liar's sequence
+    speculator = pool([liar, honest])
+    drafts = draft(speculator, step(0, [("a", 0, [1, 2]), ("b", 0, [3])]))  # one sequence per drafter
+    (lost,) = speculator.homes.lost  # the liar's sequence
     liar_row = ["a", "b"].index(lost)
-    assert reply.status is DraftStatus.PARTIAL and reason in reply.error
-    assert reply.draft_token_ids.shape == (2, K) and reply.draft_token_ids.dtype == np.int32
-    assert not reply.draft_token_ids[liar_row].any()  # placeholders
-    assert (reply.draft_token_ids[1 - liar_row] == 7).all()
-    assert "liar" not in client.links and [kind for _, kind, _ in client.events] == ["failed"]
+    (error,) = drafts.errors
+    assert reason in error and drafts.short == {liar_row: Short.FAILED} and drafts.lengths()[1 - liar_row] == K
+    assert drafts.ids.shape == (2, K) and drafts.ids.dtype == np.int64
+    assert not drafts.ids[liar_row].any()  # zeros, proposed to nobody
+    assert (drafts.ids[1 - liar_row] == 7).all()
+    assert "liar" not in speculator.drafters.links
+    assert [kind for _, kind, _ in speculator.drafters.events] == ["failed"]
     # Next step: the liar's sequence moves to the honest drafter, and everything drafts.
-    reply, _ = client.draft_batch(*step(1, [("a", 2, [4]), ("b", 1, [5])]))
-    assert reply.status is DraftStatus.OK and (reply.draft_token_ids == 7).all()
-    assert set(client.home.values()) == {"honest"} and client.rehomed == 1
+    drafts = draft(speculator, step(1, [("a", 2, [4]), ("b", 1, [5])]))
+    assert not drafts.errors and not drafts.short and (drafts.ids == 7).all()
+    assert set(speculator.homes.home.values()) == {"honest"} and speculator.homes.rehomed == 1
 
 
 def test_bad_branch_table_fails_that_drafter(ray_local):
     """A pipelined drafter whose branch table holds an id outside the vocabulary: no hit is served from it."""
     table = {"t": None}
     drafter = FakeDrafter("d", good, table=lambda ids: table["t"])
-    client = Pool([drafter])
+    speculator = pool([drafter])
     table["t"] = BranchTable({"a": BranchEntry(1, [], {(0, 5): [1, 2, VOCAB + 3]})})
-    reply, _ = client.draft_batch(*step(0, [("a", 0, [1, 2])], role=SeqRole.CONTEXT))
-    assert reply.status is DraftStatus.OK and reply.undrafted == {0: "context"}
-    reply, timing = client.draft_batch(*step(1, [("a", 2, [5])]))  # the guessed outcome: would be a hit
-    assert reply.status is DraftStatus.FAILED and "vocabulary" in reply.error
-    assert not reply.draft_token_ids.any() and reply.hit_seqs == [] and "d" not in client.links
+    drafts = draft(speculator, step(0, [("a", 0, [1, 2])], role=SeqRole.CONTEXT))
+    assert not drafts.errors and drafts.short == {0: Short.CONTEXT}
+    drafts = draft(speculator, step(1, [("a", 2, [5])]))  # the guessed outcome: would be a hit
+    (error,) = drafts.errors
+    assert "vocabulary" in error and drafts.short == {0: Short.FAILED}
+    assert not drafts.ids.any() and drafts.hits == [] and "d" not in speculator.drafters.links
 
 
 def test_check_drafts():
@@ -129,7 +144,13 @@ def test_check_drafts():
         with pytest.raises(BadDrafts, match=reason):
             check_drafts(bad, 2 if reason == "shape" else 1, K, VOCAB)
     with pytest.raises(BadDrafts, match="branch"):
-        check_table(BranchTable({"a": BranchEntry(1, [], {(0, 5): []})}), VOCAB)
+        BranchTable({"a": BranchEntry(1, [], {(0, 5): []})}).check(VOCAB)
+    with pytest.raises(BadDrafts, match="branch"):
+        BranchTable({"a": BranchEntry(1, [], {(-1, 5): [1]})}).check(VOCAB)
+    with pytest.raises(BadDrafts, match="vocabulary"):
+        BranchTable({"a": BranchEntry(1, [], {(0, 5): [1, VOCAB]})}).check(VOCAB)
+    table = BranchTable({"a": BranchEntry(1, [], {(0, 5): [1, VOCAB - 1]})})
+    assert table.check(VOCAB) is table and table.check(None) is table
 
 
 @pytest.mark.parametrize(

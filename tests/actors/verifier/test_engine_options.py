@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import EAGLE3, TARGET
 
 SPEC = {"method": "eagle3", "model": str(EAGLE3), "num_speculative_tokens": 3}
-CLIENT = {"client": "actors.verifier.client:ActorDraftClient"}
+CLIENT = {"actor": "drafter", "namespace": "eagle_cluster"}  # one named drafter actor (the default finder)
 
 
 @pytest.mark.parametrize(("option", "value"), [("async_scheduling", True), ("pipeline_parallel_size", 2)])

@@ -14,7 +14,6 @@ import ray
 from actors.drafter.actor import start_drafter_actor
 from actors.drafter.config import DrafterEngineConfig, DrafterSettings
 from actors.metrics import ProposerStats, SpecDecodeStats, from_vllm_metrics
-from actors.verifier.client import DraftClient
 from actors.verifier.engine import make_verifier_llm
 from tests.actors import vllm_helpers as vh
 from tests.conftest import EAGLE3, TARGET
@@ -25,19 +24,17 @@ K = 3
 SPEC = {"method": "eagle3", "model": str(EAGLE3), "num_speculative_tokens": K}
 
 
-class NamedActorsClient(DraftClient):
-    """A pool of named drafter actors (the Serve client finds them through Serve instead)."""
+class NamedActorsFinder:
+    """A pool of named drafter actors (the Serve finder finds them through Serve instead)."""
 
-    def __init__(self, names: list[str], namespace: str, **kw) -> None:
-        super().__init__(**kw)
+    def __init__(self, names: list[str], namespace: str) -> None:
         self.names, self.namespace = names, namespace
-        self.start(30.0)  # every named drafter before the first step (they are up: the test started them)
 
-    def _find(self) -> list[tuple[str, object, dict]]:
+    def find(self, known) -> list[tuple[str, object, dict]]:
         """The named actors not yet in use (the background discovery thread)."""
         found = []
         for name in self.names:
-            if self._known(name):
+            if known(name):
                 continue
             actor = ray.get_actor(name, namespace=self.namespace)
             found.append((name, actor, ray.get(actor.info.remote()) | {"drafter_id": name}))
@@ -92,8 +89,8 @@ def reference(workload):
 def cluster_run(names: list[str], workload, **drafter) -> tuple[list[list[int]], SpecDecodeStats, ProposerStats, list]:
     settings = DrafterSettings(str(EAGLE3), str(TARGET), engine=DrafterEngineConfig(max_model_len=1024, **drafter))
     actors = [start_drafter_actor(settings, name=n, namespace=NS) for n in names]
-    client = {"client": "tests.actors.verifier.test_prefix_caching:NamedActorsClient", "names": names, "namespace": NS,
-              "new_group_size": 1}
+    client = {"finder": "tests.actors.verifier.test_prefix_caching:NamedActorsFinder", "names": names, "namespace": NS,
+              "new_group_size": 1, "start_wait_s": 30.0}  # every named drafter before the first step (they are up)
     llm = make_verifier_llm(str(TARGET), SPEC, client)
     try:
         assert llm.llm_engine.vllm_config.cache_config.enable_prefix_caching

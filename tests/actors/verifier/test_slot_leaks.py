@@ -1,8 +1,8 @@
-"""Draft KV slots are not leaked (hardening): a drafter the client drops for a timeout or a bad answer is told to
+"""Draft KV slots are not leaked (hardening): a drafter the speculator drops for a timeout or a bad answer is told to
 free the sequences it held (it may be alive, and its slots count as load for the router and the autoscaler);
-a drafter evicts slots left idle; its health probe takes none. And a sequence's draft state stays right when
-steps skip it: one back from a step vLLM did not schedule finds its branches, and one whose rows never reached
-the drafter is drafted from what the drafter really has.
+finished sequences are freed on their home at once; a drafter evicts slots left idle; its health probe takes none.
+And a sequence's draft state stays right when steps skip it: one back from a step vLLM did not schedule finds its
+branches, and one whose rows never reached the drafter is drafted from what the drafter really has.
 
 No Ray runs here: the drafter is a fake actor whose calls return fake object refs, and ``ray.get`` / ``ray.wait``
 are replaced to read them (``tests.actors.fake_drafters``)."""
@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from actors.messages import BranchEntry, BranchTable, DraftStatus, DraftStep, SeqSlice
+from actors.messages import BranchEntry, BranchTable, DraftStep, SeqSlice
+from actors.verifier.speculator import Short
 from tests.actors.fake_drafters import (
     FakeDrafter,
     K,
@@ -40,51 +41,61 @@ def _no_ray(monkeypatch):
 
 @pytest.mark.parametrize("answer", [out_of_vocab, timed_out], ids=["bad-answer", "timeout"])
 def test_dropped_drafter_is_told_to_free_what_it_held(answer):
-    import torch
-
     sick, healthy = FakeDrafter(answer), FakeDrafter(good)
-    client = Pool({"sick": (sick, 0), "healthy": (healthy, 100)})  # new sequences go to the least loaded: sick
-    client.new_group_size = 8
-    s, h = step_of(0, ["a", "b"])
-    reply, _ = client.draft_batch(s, torch.from_numpy(h))
-    assert reply.status is DraftStatus.FAILED
+    pool = Pool({"sick": (sick, 0), "healthy": (healthy, 100)})  # new sequences go to the least loaded: sick
+    pool.homes.new_group_size = 8
+    drafts = pool.draft(*step_of(0, ["a", "b"]))
+    assert len(drafts.errors) == 1 and drafts.short == {0: Short.FAILED, 1: Short.FAILED}
     assert sorted(sick.freed) == ["a", "b"]  # freed on the home they lost, not only forgotten here
-    assert "sick" not in client.links and set(client.lost) == {"a", "b"}
+    assert "sick" not in pool.drafters.links and set(pool.homes.lost) == {"a", "b"}
 
     # Next step: re-homed on the healthy drafter; nothing else is sent to the dropped one.
-    client.drafters.pop("sick")
-    s, h = step_of(1, ["a", "b"])
-    reply, _ = client.draft_batch(s, torch.from_numpy(h))
-    assert reply.status is DraftStatus.OK and client.home == {"a": "healthy", "b": "healthy"}
-    assert sorted(sick.freed) == ["a", "b"]
+    pool.fakes.pop("sick")
+    drafts = pool.draft(*step_of(1, ["a", "b"]))
+    assert not drafts.errors and not drafts.short and pool.homes.home == {"a": "healthy", "b": "healthy"}
+    assert sorted(sick.freed) == ["a", "b"] and len(sick.steps) == 1
 
 
 def test_finished_and_lost_sequences_are_all_freed_on_the_dropped_drafter():
-    import torch
-
     sick = FakeDrafter(good)
-    client = Pool({"sick": (sick, 0)})
-    s, h = step_of(0, ["a", "b"])
-    client.draft_batch(s, torch.from_numpy(h))
+    pool = Pool({"sick": (sick, 0)})
+    pool.draft(*step_of(0, ["a", "b"]))
     sick.answer = out_of_vocab
-    s, h = step_of(1, ["b"], finished=["a"])  # "a" finished: freed with this step, which fails: "b" by free()
-    client.draft_batch(s, torch.from_numpy(h))
+    pool.free(["a"])  # "a" finished: freed on its home at once, not carried by the next step
+    assert sick.freed == ["a"] and pool.homes.home == {"b": "sick"}
+    pool.draft(*step_of(1, ["b"]))  # which fails: "b" is freed there by the drop
     assert sorted(sick.freed) == ["a", "b"]
+    assert all(s.finished == [] for s in sick.steps)
+
+
+def test_finished_sequences_are_freed_on_each_home_at_once():
+    """``free`` sends each home the finished sequences it held, one call each, and forgets them everywhere: none is
+    sent again, with a step or a later ``free``."""
+    d1, d2 = FakeDrafter(good), FakeDrafter(good)
+    pool = Pool({"d1": (d1, 0), "d2": (d2, 0)})
+    pool.homes.new_group_size = 1
+    pool.draft(*step_of(0, ["a", "b", "c"]))
+    assert set(pool.homes.home.values()) == {"d1", "d2"}
+    on = {d: sorted(r for r, h in pool.homes.home.items() if h == d) for d in ("d1", "d2")}
+    pool.free(["a", "b", "c", "never-seen"])
+    assert sorted(d1.freed) == on["d1"] and sorted(d2.freed) == on["d2"]
+    assert pool.homes.home == {} and pool.homes.lost == {}
+    pool.free(["a"])  # already freed: nothing sent again
+    pool.draft(*step_of(1, ["x"]))
+    assert sorted(d1.freed + d2.freed) == ["a", "b", "c"]
+    assert all(s.finished == [] for d in (d1, d2) for s in d.steps)
 
 
 def test_freeing_on_a_dead_drafter_never_raises():
-    import torch
-
     dead = FakeDrafter(timed_out, free_raises=True)
-    client = Pool({"dead": (dead, 0)})
-    s, h = step_of(0, ["a"])
-    reply, _ = client.draft_batch(s, torch.from_numpy(h))  # must not raise
-    assert reply.status is DraftStatus.FAILED and dead.freed == [] and "a" in client.lost
+    pool = Pool({"dead": (dead, 0)})
+    drafts = pool.draft(*step_of(0, ["a"]))  # must not raise
+    assert drafts.errors and drafts.short == {0: Short.FAILED} and dead.freed == [] and "a" in pool.homes.lost
 
 
 class BranchingDrafter(FakeDrafter):
-    """An asynchronous drafter: ``branches(req_ids)`` answers the ``entries`` it holds of ``req_ids``, and records
-    what it was asked for."""
+    """A pipelined drafter: ``branches(req_ids)`` answers the ``entries`` it holds of ``req_ids``, and records what
+    it was asked for."""
 
     def __init__(self, entries: dict[str, BranchEntry]) -> None:
         super().__init__(good)
@@ -97,23 +108,21 @@ class BranchingDrafter(FakeDrafter):
 
 
 def test_a_sequence_back_from_an_unscheduled_step_finds_its_branches():
-    """The client asks its drafter for the branches of every sequence homed there, not only the step's: "b", not
-    scheduled in step 1, is answered from its branches in step 2 without waiting."""
-    import torch
-
+    """The speculator asks its drafter for the branches of every sequence homed there, not only the step's: "b",
+    not scheduled in step 1, is answered from its branches in step 2 without waiting."""
     drafter = BranchingDrafter({"b": BranchEntry(10, [5, 6], {(0, 1): [3, 4]})})
-    client = Pool({"d": (drafter, 0)}, drafts_branches=True)
-    client.new_group_size = 8
+    pool = Pool({"d": (drafter, 0)}, drafts_branches=True)
+    pool.homes.new_group_size = 8
 
     def step_at(step_id: int, seqs: list[tuple[str, int]]) -> tuple[DraftStep, torch.Tensor]:
         slices = [SeqSlice(rid, i, 1, pos) for i, (rid, pos) in enumerate(seqs)]
         return DraftStep(step_id, K, slices, np.ones(len(seqs), np.int32)), torch.zeros(len(seqs), 4)
 
-    client.draft_batch(*step_at(0, [("a", 10), ("b", 10)]))
-    client.draft_batch(*step_at(1, [("a", 11)]))  # "b" not scheduled: still homed, not finished
+    pool.draft(*step_at(0, [("a", 10), ("b", 10)]))
+    pool.draft(*step_at(1, [("a", 11)]))  # "b" not scheduled: still homed, not finished
     assert drafter.asked[-1] == ["a", "b"] and drafter.freed == []
-    reply, timing = client.draft_batch(*step_at(2, [("a", 12), ("b", 11)]))
-    assert reply.hit_seqs == [1] and reply.draft_token_ids[1].tolist() == [3, 4]
+    drafts = pool.draft(*step_at(2, [("a", 12), ("b", 11)]))
+    assert drafts.hits == [1] and drafts.ids[1].tolist() == [3, 4]
 
 
 # --- the drafter: idle slots are evicted, the health probe takes no slot, a step past a gap is not drafted from

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from actors.messages import DraftResult, DraftStatus, DraftStep, SeqSlice
-from actors.verifier.client import plan_groups
 from cluster.drafter_pool.autoscaling import DrafterLoadPolicy, wanted_replicas
 from cluster.drafter_pool.router import SequenceAffinityRouter, route_key
 
@@ -32,12 +31,6 @@ def test_result_carries_drafter_fields():
     assert (back.status, back.drafter_id, back.active_sequences, back.cold_sequences) == (
         DraftStatus.PARTIAL, "replica-1", 12, 2)
     assert (back.branch_lookups, back.hit_seqs, back.branch_hits) == (2, [1], 1)
-
-
-def test_plan_groups_worked_example():
-    home = {"a": "R1", "c": "R2", "d": "R1"}
-    assert plan_groups(list("abcd"), home) == [("R1", [0, 3]), ("R2", [2])]
-    assert plan_groups(list("abcde"), {}) == []
 
 
 def replica(uid: str, active: int, reported_at: float = 1.0):
@@ -103,17 +96,16 @@ def test_autoscaling_config_is_valid_for_serve():
     assert policy(**serve_cfg.policy.policy_kwargs).target_sequences_per_replica == 8
 
 
-def test_serve_gets_the_classes_and_vllm_the_client_path():
-    import importlib
-
+def test_serve_gets_the_classes_and_vllm_the_finder_path():
+    from actors.verifier.drafters import build_finder
     from cluster import deploy_yaml
     from cluster.app import build_drafter_app
     from cluster.config import DRAFTER_APP_NAME
-    from cluster.drafter_pool.client import SERVE_DRAFT_CLIENT, ServeDraftClient
+    from cluster.drafter_pool.finder import SERVE_FINDER, ServeFinder
     from tests.cluster.configs import drafter_deployment
 
-    module, _, name = SERVE_DRAFT_CLIENT.partition(":")  # as actors.verifier.client.build_client resolves it
-    assert getattr(importlib.import_module(module), name) is ServeDraftClient
+    finder = build_finder({"finder": SERVE_FINDER, "app_name": "a", "deployment_name": "d"})  # as vLLM's worker does
+    assert type(finder) is ServeFinder and (finder.app_name, finder.deployment_name) == ("a", "d")
     doc = deploy_yaml.with_changes(deploy_yaml.load(), absolute=True)
     drafter = drafter_deployment(build_drafter_app(deploy_yaml.app_args(doc, DRAFTER_APP_NAME)))
     router = drafter._deployment_config.request_router_config

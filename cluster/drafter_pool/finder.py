@@ -1,14 +1,14 @@
-"""``ServeDraftClient``: the verifier's ``DraftClient`` over the drafter deployment, a pool of Serve replicas.
+"""``ServeFinder``: how a verifier finds the drafters of the drafter deployment, a pool of Serve replicas.
 
-Runs inside vLLM's engine process (named by import path in ``additional_config``, so ``actors/`` never imports
-Serve). Serve places, health-checks and autoscales the drafter replicas; each replica owns one drafter actor
-(``cluster.drafter_pool.server``), and the per-step traffic goes straight to that actor by its handle
-(``actors.verifier.client.DraftClient``: no Serve call on a step's path).
+Runs inside vLLM's engine process, on the discovery thread of ``actors.verifier.drafters.Drafters`` (named by import
+path in ``additional_config``, so ``actors/`` never imports Serve). Serve places, health-checks and autoscales the
+drafter replicas; each replica owns one drafter actor (``cluster.drafter_pool.server``), and the per-step traffic
+goes straight to that actor by its handle (``actors.verifier.remote_speculator``: no Serve call on a step's path).
 
 Serve's part is to introduce drafters: ``attach`` on the deployment, routed by ``cluster.drafter_pool.router`` to the
-least-loaded replica, answers that replica's id, its drafter's actor handle, and the pool's draft-call timeout
-(a drafter setting, so changing it redeploys the drafters, not the verifier). Only the client's background
-discovery thread calls it (``_find``: every ``discover_period_s``, at once again after learning a new replica, and
+least-loaded replica, answers that replica's id, its drafter's actor handle, the pool's draft-call timeout and its
+target sequences per replica (drafter settings, so changing them redeploys the drafters, not the verifier). Only the
+discovery thread calls it (``find``: every ``discover_period_s``, at once again after learning a new replica, and
 up to ``MAX_ATTACHES`` calls a round until the router names a replica it knows, so it learns a pool of several
 within a round). A step never waits for Serve: a drafter application that is absent (not deployed yet, deleted,
 its deploy failed), scaled to zero or whose replica process hangs only means no drafter is found this round, and
@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from actors.verifier.client import DISCOVER_PERIOD_S, DRAFT_TIMEOUT_S, START_WAIT_S, DraftClient
 from cluster.drafter_pool.router import route_key
 
 logger = logging.getLogger(__name__)
@@ -32,15 +31,10 @@ MAX_ATTACHES = 8  # attach calls in one discovery round (it learns the pool's re
 ATTACH_TIMEOUT_S = 3.0  # one attach call waits at most this long (a hung replica, or no replica to route to)
 
 
-class ServeDraftClient(DraftClient):
-    def __init__(self, app_name: str, deployment_name: str, timeout_s: float = DRAFT_TIMEOUT_S, new_group_size: int = 4,
-                 discover_period_s: float = DISCOVER_PERIOD_S, vocab_size: int | None = None,
-                 start_wait_s: float = START_WAIT_S) -> None:
-        super().__init__(timeout_s=timeout_s, new_group_size=new_group_size, vocab_size=vocab_size,
-                         discover_period_s=discover_period_s)
+class ServeFinder:
+    def __init__(self, app_name: str, deployment_name: str) -> None:
         self.app_name, self.deployment_name = app_name, deployment_name
         self.handle: Any = None  # the drafter deployment's handle, opened by the discovery thread
-        self.start(start_wait_s)
 
     def _open_handle(self) -> Any:
         if self.handle is None:
@@ -65,9 +59,9 @@ class ServeDraftClient(DraftClient):
             self.handle = None  # opened again next round (the application may have been deleted and redeployed)
             raise
 
-    def _find(self) -> list[tuple[str, Any, dict[str, Any]]]:
-        """Ask the router until it names a replica the client knows (or found this round): the router counts
-        what it sent, so it goes round the idle replicas."""
+    def find(self, known: Any) -> list[tuple[str, Any, dict[str, Any]]]:
+        """Ask the router until it names a replica the verifier knows (``known``) or found this round: the router
+        counts what it sent, so it goes round the idle replicas."""
         found: list[tuple[str, Any, dict[str, Any]]] = []
         seen: set[str] = set()
         for _ in range(MAX_ATTACHES):
@@ -77,13 +71,13 @@ class ServeDraftClient(DraftClient):
                 if not found:
                     logger.info("no drafter replica answered attach (%s: %s)", type(e).__name__, str(e)[:200])
                 break
-            if drafter_id in seen or self._known(drafter_id):
+            if drafter_id in seen or known(drafter_id):
                 break
             seen.add(drafter_id)
             found.append((drafter_id, actor, info))
         return found
 
 
-# vLLM's engine process builds its draft client from an import path (``actors.verifier.client.build_client``:
-# ``actors/`` never imports ``cluster/``); this is that path, beside the class it names.
-SERVE_DRAFT_CLIENT = f"{ServeDraftClient.__module__}:{ServeDraftClient.__qualname__}"
+# vLLM's engine process builds its finder from an import path (``actors.verifier.drafters.build_finder``: ``actors/``
+# never imports ``cluster/``); this is that path, beside the class it names.
+SERVE_FINDER = f"{ServeFinder.__module__}:{ServeFinder.__qualname__}"

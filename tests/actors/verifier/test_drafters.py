@@ -7,14 +7,14 @@ is given."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import ray
-import torch
 
-from actors.messages import DraftStatus
-from actors.verifier.drafter_health import Quarantine, StepDeadline
+from actors.verifier.drafters import ActorFinder, Drafters, Quarantine, StepDeadline, build_finder
+from actors.verifier.speculator import Short
 from tests.actors.fake_drafters import FakeDrafter, Method, Pool, Ref, good, step_of
 
 
@@ -85,44 +85,40 @@ def hangs(step):
 
 def test_a_hung_drafter_is_left_out_until_its_probe_answers(fake_ray):
     hung, other = fake_ray["register"](Probed(hangs)), fake_ray["register"](Probed(good))
-    client = Pool({"hung": (hung, 0), "other": (other, 100)})  # new sequences go to "hung" first
-    client.new_group_size = 8
-    client.quarantine.min_hold_s = 0.0
-    s, h = step_of(0, ["a"])
-    reply, _ = client.draft_batch(s, torch.from_numpy(h))
-    assert reply.status is DraftStatus.FAILED and "hung" in client.quarantine
+    pool = Pool({"hung": (hung, 0), "other": (other, 100)})  # new sequences go to "hung" first
+    pool.homes.new_group_size = 8
+    pool.drafters.quarantine.min_hold_s = 0.0
+    drafts = pool.draft(*step_of(0, ["a"]))
+    assert drafts.errors and drafts.short == {0: Short.FAILED} and "hung" in pool.drafters.quarantine
     assert fake_ray["cancelled"], "the call given up on was not cancelled"
 
     # Discovery still names "hung" (its Serve replica answers): it stays out; the sequence re-homes on "other",
     # and so do new ones, though "hung" reports less load.
-    s, h = step_of(1, ["a", "b"])
-    reply, _ = client.draft_batch(s, torch.from_numpy(h))
-    assert reply.status is DraftStatus.OK and set(client.home.values()) == {"other"}
-    assert "hung" not in client.links
+    drafts = pool.draft(*step_of(1, ["a", "b"]))
+    assert not drafts.errors and not drafts.short and set(pool.homes.home.values()) == {"other"}
+    assert "hung" not in pool.drafters.links
 
     hung.healthy, hung.answer = False, good  # answering, but its probe fails: still out
-    s, h = step_of(2, ["a", "b"])
-    client.draft_batch(s, torch.from_numpy(h))
-    assert "hung" not in client.links
+    pool.draft(*step_of(2, ["a", "b"]))
+    assert "hung" not in pool.drafters.links
 
 
 def test_a_recovered_drafter_is_used_again(fake_ray):
     hung, other = fake_ray["register"](Probed(hangs)), fake_ray["register"](Probed(good))
-    client = Pool({"hung": (hung, 0), "other": (other, 100)})
-    client.quarantine.min_hold_s = 0.0
-    s, h = step_of(0, ["a"])
-    client.draft_batch(s, torch.from_numpy(h))
-    assert "hung" in client.quarantine
+    pool = Pool({"hung": (hung, 0), "other": (other, 100)})
+    pool.drafters.quarantine.min_hold_s = 0.0
+    pool.draft(*step_of(0, ["a"]))
+    assert "hung" in pool.drafters.quarantine
     hung.healthy, hung.answer = True, good  # SIGCONT: it works through its queue and answers the probe
-    s, h = step_of(1, ["a", "c"])
-    reply, _ = client.draft_batch(s, torch.from_numpy(h))
-    assert reply.status is DraftStatus.OK and "hung" in client.links and "hung" not in client.quarantine
-    assert any(kind == "readmitted" for _, kind, _ in client.events)
-    assert client.home["c"] == "hung"  # the least loaded again
+    drafts = pool.draft(*step_of(1, ["a", "c"]))
+    assert not drafts.errors and not drafts.short
+    assert "hung" in pool.drafters.links and "hung" not in pool.drafters.quarantine
+    assert any(kind == "readmitted" for _, kind, _ in pool.drafters.events)
+    assert pool.homes.home["c"] == "hung"  # the least loaded again
 
 
 def test_quarantine_holds_at_least_min_hold_and_forgets_the_silent(fake_ray, monkeypatch):
-    import actors.verifier.drafter_health as health
+    import actors.verifier.drafters as health
 
     now = [100.0]
     monkeypatch.setattr(health.time, "monotonic", lambda: now[0])
@@ -146,13 +142,55 @@ def test_quarantine_holds_at_least_min_hold_and_forgets_the_silent(fake_ray, mon
 def test_the_step_waits_the_deadline_not_the_pool_timeout(fake_ray):
     """After steps 20 ms apart, a hung drafter's answer is waited for ~1 s (the floor), not the pool's 10 s."""
     hung = fake_ray["register"](Probed(good))
-    client = Pool({"hung": (hung, 0)})
-    client.timeout_s = 10.0
+    pool = Pool({"hung": (hung, 0)}, timeout_s=10.0)
+    assert pool.drafters.deadline.max_s == 10.0
     for i in range(10):  # healthy steps, 20 ms apart (the clock is real: the deadline is from measured periods)
-        client.deadline.step_started(i * 0.02)
+        pool.drafters.deadline.step_started(i * 0.02)
     hung.answer = hangs
     fake_ray["timeouts"].clear()
-    s, h = step_of(0, ["a"])
-    client.draft_batch(s, torch.from_numpy(h))
+    pool.draft(*step_of(0, ["a"]))
     waited = [t for t in fake_ray["timeouts"] if t is not None]
     assert waited and max(waited) <= 1.0 + 1e-6, waited
+
+
+class Listed:
+    """A ``Finder`` naming ``found`` (those not ``known``), or raising it."""
+
+    def __init__(self, found) -> None:
+        self.found, self.asked = found, 0
+
+    def find(self, known):
+        self.asked += 1
+        if isinstance(self.found, Exception):
+            raise self.found
+        return [f for f in self.found if not known(f[0])]
+
+
+def test_discovery_runs_in_the_background_and_learns_the_pools_settings():
+    info = {"drafts_branches": True, "active_sequences": 3, "timeout_s": 3.0, "target_sequences": 16}
+    drafters = Drafters(Listed([("r1", object(), info), ("r2", object(), {})]), timeout_s=10.0,
+                        discover_period_s=3600.0)
+    assert not drafters.links and drafters.prefix_max_load == float("inf")
+    drafters.start(10.0)  # the first round, waited for (the engine's start)
+    assert set(drafters.links) == {"r1", "r2"} and drafters.usable()
+    r1 = drafters.links["r1"]
+    assert r1.drafts_branches and r1.load == 3 and not drafters.links["r2"].drafts_branches
+    assert drafters.deadline.max_s == 3.0 and drafters.prefix_max_load == 16.0
+    assert [kind for _, kind, _ in drafters.events] == ["attached", "attached"]
+
+
+def test_a_finder_that_raises_finds_none():
+    finder = Listed(RuntimeError("no pool"))
+    drafters = Drafters(finder, discover_period_s=3600.0)
+    drafters.start(10.0)
+    assert finder.asked == 1 and not drafters.usable() and not drafters.links and not drafters.events
+
+
+def test_actor_finder_makes_no_call_for_a_known_drafter(fake_ray):
+    calls = []
+    actor = SimpleNamespace(info=Method(lambda: calls.append(1) or Ref({"drafter_id": "d1", "drafts_branches": True})))
+    finder = ActorFinder(actor)
+    (found,) = finder.find(lambda drafter_id: False)
+    assert found == ("d1", actor, {"drafter_id": "d1", "drafts_branches": True}) and len(calls) == 1
+    assert finder.find(lambda drafter_id: drafter_id == "d1") == [] and len(calls) == 1  # in use or held out
+    assert type(build_finder({"actor": "drafter", "namespace": "ns"})) is ActorFinder

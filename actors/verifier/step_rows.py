@@ -1,0 +1,124 @@
+"""Which of a verified step's rows go to the drafters, and what travels with each: pure functions over the tensors
+vLLM's model runner hands its EAGLE proposer (``actors.verifier.vllm_adapter`` calls them).
+
+The runner hands, for a step of B sequences and N scheduled tokens in ``runner.input_batch.req_ids`` order:
+
+    target_token_ids      [N]                 tokens verified this step, all sequences, flattened
+    target_positions      [N]
+    target_hidden_states  [N, width]          EAGLE: the last layer (post-norm); EAGLE-3: the aux layers, concatenated
+    next_token_ids        [B]                 the token sampled after each sequence's last accepted one
+    token_indices_to_sample [B] | None        row of each sequence's last accepted token (padded path)
+
+Sequence i's rows are ``query_start_loc[i]`` up to its last accepted row; the rows after it (its rejected drafts,
+padded path) are not shipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from actors.messages import SeqRole, SeqSlice
+
+
+def step_rows(
+    query_start_loc: torch.Tensor,  # [B + 1] (cpu)
+    last_rows: torch.Tensor,  # [B] row of each sequence's last accepted token
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([num_kept] rows to ship, sequence by sequence; [B] counts)
+    """Worked example: query_start_loc [0, 4, 5], last rows [1, 4] -> keep rows [0, 1, 4] (rows 2, 3 were the
+    rejected drafts of sequence 0), counts [2, 1]."""
+    starts = query_start_loc[:-1]
+    counts = last_rows - starts + 1
+    seq = torch.repeat_interleave(torch.arange(counts.numel()), counts)
+    offsets = torch.arange(int(counts.sum())) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    return starts[seq] + offsets, counts
+
+
+def step_seqs(
+    req_ids: list[str],  # [B], in the runner's batch order
+    query_start_loc: torch.Tensor,  # [B + 1] (cpu)
+    last_rows: torch.Tensor,  # [B] row of each sequence's last accepted token (cpu)
+    positions: torch.Tensor,  # [N] target_positions (any device)
+) -> tuple[torch.Tensor, list[SeqSlice]]:  # ([num_kept] rows to ship (cpu), each sequence's slice of them)
+    """The rows a step ships (``step_rows``) and the ``SeqSlice`` of each sequence over them (role ``DRAFT``).
+
+    Worked example: req_ids [a, b], query_start_loc [0, 4, 5], last rows [1, 4], positions [7, 8, 9, 10, 3] -> rows
+    [0, 1, 4]; a: start 0, 2 rows from position 7; b: start 2, 1 row from position 3."""
+    rows, counts = step_rows(query_start_loc, last_rows)
+    first = positions[rows.to(positions.device)].cpu()
+    offsets = (torch.cumsum(counts, 0) - counts).tolist()
+    return rows, [SeqSlice(rid, off, n, int(first[off]))
+                  for rid, off, n in zip(req_ids, offsets, counts.tolist(), strict=True)]
+
+
+def prompt_roles(seqs: list[SeqSlice], prompt_lens: np.ndarray | None) -> tuple[list[SeqSlice], list[bool]]:
+    """(``seqs`` with ``SeqRole.CONTEXT`` where a step's rows end in the prompt, whether each is a partial prefill):
+    a partial prefill (vLLM discards its drafts) or the prompt's last chunk. A pipelined drafter does not make the
+    verifier wait for those. ``prompt_lens``: [B] each sequence's prompt length (None: unknown, all decode).
+
+    Worked example: prompts of 10 and 4 tokens; a ships positions 0-5, b positions 4-4 -> a CONTEXT (partial
+    prefill), b DRAFT."""
+    if prompt_lens is None:
+        return seqs, [False] * len(seqs)
+    ends = [s.start_position + s.num_tokens for s in seqs]
+    in_prefill = [end < int(prompt_lens[i]) for i, end in enumerate(ends)]
+    seqs = [replace(s, role=SeqRole.CONTEXT) if end <= int(prompt_lens[i]) else s
+            for i, (s, end) in enumerate(zip(seqs, ends, strict=True))]
+    return seqs, in_prefill
+
+
+def step_input_ids(
+    target_token_ids: torch.Tensor,  # [N]
+    next_token_ids: torch.Tensor,  # [B] the token sampled after each sequence's last accepted one
+    query_start_loc: torch.Tensor,  # [B + 1] (cpu)
+    last_rows: torch.Tensor,  # [B] (cpu)
+    rows: torch.Tensor,  # [num_kept] rows shipped (``step_rows``), on target_token_ids' device
+) -> np.ndarray:  # [num_kept] int32
+    """Each shipped row's input token: the token after it, ``target_token_ids[j + 1]``, or the sampled next token
+    for each sequence's last row (EAGLE pairs token t + 1 with hidden state t).
+
+    Worked example: tokens [t0, t1, t2, t3, u0], next [n0, n1], query_start_loc [0, 4, 5], last rows [1, 4], rows
+    [0, 1, 4] -> [t1, n0, n1]."""
+    end = int(query_start_loc[-1])
+    shifted = torch.empty_like(target_token_ids[:end])
+    shifted[:-1] = target_token_ids[1:end]
+    shifted[last_rows.to(shifted.device)] = next_token_ids.to(shifted.dtype)
+    return shifted[rows].cpu().numpy().astype(np.int32)
+
+
+def mm_rows(
+    mm_embed_inputs: tuple[list[torch.Tensor], torch.Tensor] | None,
+    rows: torch.Tensor,  # [num_kept] rows shipped, indices into the step's scheduled tokens (cpu)
+    num_tokens: int,
+    padded: bool = True,
+) -> tuple[np.ndarray, torch.Tensor | None]:  # ([M] int32 indices into rows, [M, H] embeddings)
+    """The shipped rows whose input token is an image position, and their merged embeddings: from vLLM's
+    ``(mm_embeds, is_mm_embed)`` (``is_mm_embed`` over the step's scheduled tokens, shifted by one as the drafter's
+    input ids are; the embeddings of its True rows, in order).
+
+    Worked example: is_mm_embed [0, 1, 1, 0, 1], embeds e1, e2, e3 (for rows 1, 2, 4); rows kept [0, 1, 4]
+    -> mm rows [1, 2] (kept rows 1 and 4), embeddings [e1, e3].
+
+    vLLM's non-padded path (``disable_padded_drafter_batch``) has dropped rejected rows before ``propose``, so
+    its rows no longer line up with the scheduled tokens whenever some were dropped: then no image rows are
+    shipped (the drafter embeds the placeholder ids; lossless either way)."""
+    none = np.zeros(0, np.int32), None
+    if not mm_embed_inputs:
+        return none
+    embeds, is_mm = mm_embed_inputs
+    if not embeds or is_mm is None:
+        return none
+    if is_mm.shape[0] < num_tokens or (not padded and is_mm.shape[0] != num_tokens):
+        return none
+    is_mm = is_mm[:num_tokens].cpu()
+    if not bool(is_mm.any()):
+        return none
+    flat = torch.cat([e.reshape(-1, e.shape[-1]) for e in embeds])  # [sum(is_mm), H]
+    order = torch.cumsum(is_mm.long(), 0) - 1  # index into flat of each True row
+    sel = is_mm[rows]
+    if not bool(sel.any()):
+        return none
+    picked = order[rows[sel]].to(flat.device)
+    return torch.nonzero(sel).flatten().numpy().astype(np.int32), flat[picked]

@@ -1,0 +1,57 @@
+"""Which of a verified step's rows go to the drafters (``actors.verifier.step_rows``): the docstrings' worked examples,
+and the row pairing of ``actors.messages`` as a step carries it. Pure functions: no vLLM. (``mm_rows``:
+``tests/actors/drafter/test_multimodal_drafting.py``.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from actors.messages import SeqRole, SeqSlice
+from actors.verifier.step_rows import prompt_roles, step_input_ids, step_rows, step_seqs
+from tests.actors.fake_speculator import NEXT, run_step, speculation
+
+
+def test_step_rows_worked_example():
+    """query_start_loc [0, 4, 5], last rows [1, 4] -> keep rows [0, 1, 4], counts [2, 1]."""
+    rows, counts = step_rows(torch.tensor([0, 4, 5]), torch.tensor([1, 4]))
+    assert rows.tolist() == [0, 1, 4] and counts.tolist() == [2, 1]
+
+
+def test_step_seqs_worked_example():
+    """req_ids [a, b], query_start_loc [0, 4, 5], last rows [1, 4], positions [7, 8, 9, 10, 3] -> rows [0, 1, 4];
+    a: start 0, 2 rows from position 7; b: start 2, 1 row from position 3."""
+    rows, seqs = step_seqs(["a", "b"], torch.tensor([0, 4, 5]), torch.tensor([1, 4]), torch.tensor([7, 8, 9, 10, 3]))
+    assert rows.tolist() == [0, 1, 4]
+    assert seqs == [SeqSlice("a", 0, 2, 7), SeqSlice("b", 2, 1, 3)]
+
+
+def test_step_input_ids_worked_example():
+    """tokens [t0, t1, t2, t3, u0], next [n0, n1], query_start_loc [0, 4, 5], last rows [1, 4], rows [0, 1, 4]
+    -> [t1, n0, n1]."""
+    t0, t1, t2, t3, u0, n0, n1 = 10, 11, 12, 13, 20, 90, 91
+    ids = step_input_ids(torch.tensor([t0, t1, t2, t3, u0]), torch.tensor([n0, n1]), torch.tensor([0, 4, 5]),
+                         torch.tensor([1, 4]), torch.tensor([0, 1, 4]))
+    assert ids.dtype == np.int32 and ids.tolist() == [t1, n0, n1]
+
+
+def test_prompt_roles_worked_example():
+    """Prompts of 10 and 4 tokens; a ships positions 0-5, b positions 4-4 -> a CONTEXT (partial prefill), b DRAFT."""
+    seqs = [SeqSlice("a", 0, 6, 0), SeqSlice("b", 6, 1, 4)]
+    roles, in_prefill = prompt_roles(seqs, np.array([10, 4]))
+    assert [s.role for s in roles] == [SeqRole.CONTEXT, SeqRole.DRAFT] and in_prefill == [True, False]
+    assert [(s.req_id, s.start, s.num_tokens, s.start_position) for s in roles] == [("a", 0, 6, 0), ("b", 6, 1, 4)]
+    # the prompt's last chunk: CONTEXT, not a partial prefill; unknown prompt lengths: all decode
+    roles, in_prefill = prompt_roles([SeqSlice("a", 0, 4, 6)], np.array([10]))
+    assert roles[0].role is SeqRole.CONTEXT and in_prefill == [False]
+    assert prompt_roles(seqs, None) == (seqs, [False, False])
+
+
+def test_rows_pair_each_position_with_the_token_after_it():
+    """``actors.messages``: accepted [a, b] at positions 7, 8 and bonus c -> rows (7: input b), (8: input c)."""
+    b, c = 1, NEXT  # the batch's target token ids are a = 0, b = 1, and its sampled next token c
+    s = speculation()
+    run_step(s, [("s", 7, 2)])
+    step = s.speculator.steps[-1]
+    assert step.input_ids.tolist() == [b, c]
+    assert [(x.start_position, x.num_tokens) for x in step.seqs] == [(7, 2)]
