@@ -9,11 +9,15 @@ drafter need, the engine core spins through every wait on a drafter. ``EAGLE_CLU
 loop in the engines the cluster's verifier starts (``cluster.app`` puts it in the verifier replica's environment)
 for the steps that draft; unset (vLLM's own servers, the baselines), vLLM keeps its default.
 
-A step that drafts nothing (k = 0, or no drafter ready) waits on no drafter, so it spins as vLLM does: each process
-is told after every step whether the next one drafts (``drafting``: the worker by its proposer, the engine core by
-the step's output, ``actors.verifier.draft_handoff``), and every queue reader of the process reads the busy loop
-from that (a property on ``SpinCondition``). Without drafts the verifier waits as fast as vLLM target-only (a short
-loop's sleep and ZMQ wake-up cost ~2 ms a step at c = 1 here); with them, it leaves the cores to the drafter.
+A step that drafts nothing (k = 0, or no drafter ready) waits on no drafter, so it spins longer: ``PLAIN_SPIN_S``
+(``EAGLE_CLUSTER_ENGINE_PLAIN_SPIN_S``), long enough that consecutive steps never sleep between them. Each process is
+told after every step whether the next one drafts (``drafting``: the worker by its proposer, the engine core by the
+step's output, ``actors.verifier.draft_handoff``), and every queue reader of the process reads the busy loop from
+that (a property on ``SpinCondition``). Measured on 2 shared cores with no drafter application: the 5 ms loop's
+sleeps and ZMQ wake-ups cost 0.5-0.7x vLLM target-only's tok/s at c = 1; vLLM's own 1 s loop reached 0.9-1.0x at
+c = 1 but twice in five runs collapsed to 0.3x at c = 8 (every stream's tokens held back for seconds: the two
+spinning processes starve the serving path between requests, which vLLM's lighter API server survives); 20 ms keeps
+steps back to back without spinning through the gaps.
 
 Not below ``MIN_SPIN_S``. The writer's wake-up is a ZMQ PUB message with a send high-water mark of 1, and a PUB
 socket learns that its pipe has room again only when it processes its commands, which ZMQ throttles inside ``send``
@@ -30,29 +34,32 @@ import logging
 import os
 
 SPIN_ENV = "EAGLE_CLUSTER_ENGINE_SPIN_S"
+PLAIN_SPIN_ENV = "EAGLE_CLUSTER_ENGINE_PLAIN_SPIN_S"  # the loop for steps without drafts
+PLAIN_SPIN_S = 0.02  # its default: longer than a step here, far shorter than vLLM's 1 s (see above)
 MIN_SPIN_S = 0.005  # > ZMQ's command throttle (1-2 ms), with room: see above
 DEFAULT_SPIN_S = MIN_SPIN_S  # the verifier's (``verifier.engine_spin_s``)
 
 logger = logging.getLogger(__name__)
 
 
-def parse_spin_s(value: str) -> float:
-    """``EAGLE_CLUSTER_ENGINE_SPIN_S`` in seconds; a message naming it unless a number >= ``MIN_SPIN_S``."""
+def parse_spin_s(value: str, name: str = SPIN_ENV) -> float:
+    """A busy loop in seconds (``name``: the variable it came from); a message naming it unless a number >=
+    ``MIN_SPIN_S``."""
     try:
         spin_s = float(value)
     except ValueError:
-        raise ValueError(f"{SPIN_ENV}: a number of seconds, got {value!r}") from None
+        raise ValueError(f"{name}: a number of seconds, got {value!r}") from None
     if not spin_s >= MIN_SPIN_S:
-        raise ValueError(f"{SPIN_ENV}: at least {MIN_SPIN_S} s (shorter loses vLLM's wake-ups), got {value!r}")
+        raise ValueError(f"{name}: at least {MIN_SPIN_S} s (shorter loses vLLM's wake-ups), got {value!r}")
     return spin_s
 
 
 class _Spin:
-    """This process's busy loop: ``drafting_s`` while steps draft, ``plain_s`` (vLLM's) while they do not."""
+    """This process's busy loop: ``drafting_s`` while steps draft, ``plain_s`` while they do not."""
 
     drafting_s: float | None = None  # None: not set (vLLM's own loop, whatever the steps do)
-    plain_s = 1.0
-    current = 1.0
+    plain_s = PLAIN_SPIN_S
+    current = PLAIN_SPIN_S
 
 
 def _busy_loop_s(condition: object) -> float:
@@ -76,13 +83,14 @@ def register() -> None:
     if defaults is None or len(defaults) != 1:  # vLLM changed the signature: keep its default
         logger.warning("%s ignored: SpinCondition.__init__ has defaults %r", SPIN_ENV, defaults)
         return
-    _Spin.drafting_s, _Spin.plain_s = spin_s, float(defaults[0])
+    plain = os.environ.get(PLAIN_SPIN_ENV)
+    _Spin.drafting_s, _Spin.plain_s = spin_s, PLAIN_SPIN_S if plain is None else parse_spin_s(plain, PLAIN_SPIN_ENV)
     _Spin.current = spin_s
     SpinCondition.busy_loop_s = property(_busy_loop_s, _ignore)
 
 
 def drafting(yes: bool) -> None:
-    """Whether this process's next step drafts: ``EAGLE_CLUSTER_ENGINE_SPIN_S`` if so, vLLM's busy loop if not (a
+    """Whether this process's next step drafts: ``EAGLE_CLUSTER_ENGINE_SPIN_S`` if so, ``PLAIN_SPIN_S`` if not (a
     no-op where the variable is unset)."""
     if _Spin.drafting_s is not None:
         _Spin.current = _Spin.drafting_s if yes else _Spin.plain_s

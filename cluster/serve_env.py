@@ -6,13 +6,13 @@ with). A value already in the environment wins, so each is turned off by setting
     python -m cluster.serve_env ray start --head    # CMD [ARGS...] run with these defaults in its environment
 
 - ``RAY_SERVE_ENABLE_HA_PROXY=1``: Serve's HAProxy ingress in front of the verifier replicas instead of Serve's
-  Python proxy (``docs/BENCHMARKS.md``, issue 20, "Fifth pass": the serving path's CPU per output token 1.59 ->
-  0.63 ms at c=1 with HAProxy's own CPU counted, TTFT p50 0.7-0.8x). ``RAY_SERVE_ENABLE_HA_PROXY=0`` keeps the
+  Python proxy (measured: the serving path's CPU per output token 1.59 -> 0.63 ms at c=1 with HAProxy's own CPU
+  counted, TTFT p50 0.7-0.8x). ``RAY_SERVE_ENABLE_HA_PROXY=0`` keeps the
   Python proxy. With it the drafter application gets a plain front deployment (``cluster.drafter_pool.front``).
 - ``RAY_SERVE_CONTROL_LOOP_INTERVAL_S=0.5`` (Serve's default 0.1) and ``RAY_SERVE_METRICS_EXPORT_INTERVAL_MS=1000``
   (100): Ray's processes share the verifier's cores, and an idle served cluster spent 339 ms of CPU per second,
-  64 of them in the Serve controller's loop; with these 277, the controller 29, the GCS 28 -> 15 (one-off
-  ``/proc`` split, ``docs/BENCHMARKS.md`` issue 23, fourth pass). Serve's autoscaling delays are in seconds, so
+  64 of them in the Serve controller's loop; with these 277, the controller 29, the GCS 28 -> 15 (a one-off
+  ``/proc`` split). Serve's autoscaling delays are in seconds, so
   they keep their meaning; a replica's state change is seen up to 0.4 s later.
 - ``RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S=2`` (Serve's default 30): with the HAProxy ingress, a stopping
   ingress replica (the verifier, the drafter pool's front) first stays reachable this long so that an external load

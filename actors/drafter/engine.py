@@ -118,7 +118,7 @@ class CacheAttention:
             self.last_pos = self.q_pos.max(dim=1).values  # [B]
         self.padded = not self.one_row and b.row_seq.numel() < num_seqs * b.max_rows
         # The few per-sequence numbers a pass branches on, as Python ints: on a CPU each torch op on a [B] tensor
-        # costs microseconds of dispatch, and a draft step is a few hundred of them (docs/BENCHMARKS.md, issue 20).
+        # costs microseconds of dispatch, and a draft step is a few hundred of them.
         self.slot_list: list[int] = b.slots.tolist()
         self.first_list: list[int] = self.first_pos.tolist()
         self.last_list: list[int] = self.last_pos.tolist()

@@ -22,7 +22,7 @@ def test_accepted_values():
     assert parse_spin_s("0.02") == 0.02
 
 
-def test_register_sets_the_busy_loop_while_steps_draft_and_vllms_while_they_do_not(monkeypatch):
+def test_register_sets_the_busy_loop_while_steps_draft_and_the_plain_one_while_they_do_not(monkeypatch):
     import zmq
     from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
     from vllm.utils.network_utils import get_open_zmq_ipc_path
@@ -39,8 +39,18 @@ def test_register_sets_the_busy_loop_while_steps_draft_and_vllms_while_they_do_n
         engine_spin.register()
         reader = SpinCondition(True, context, get_open_zmq_ipc_path())
         assert reader.busy_loop_s == 0.008
-        engine_spin.drafting(False)  # a step without drafts: vLLM's loop, for queues built before too
-        assert reader.busy_loop_s == 1 and SpinCondition(True, context, get_open_zmq_ipc_path()).busy_loop_s == 1
+        engine_spin.drafting(False)  # a step without drafts: the plain loop, for queues built before too
+        plain = engine_spin.PLAIN_SPIN_S
+        assert reader.busy_loop_s == plain and SpinCondition(True, context, get_open_zmq_ipc_path()).busy_loop_s == plain
+        monkeypatch.setenv(engine_spin.PLAIN_SPIN_ENV, "0.05")
+        engine_spin.register()
+        engine_spin.drafting(False)
+        assert reader.busy_loop_s == 0.05
+        monkeypatch.setenv(engine_spin.PLAIN_SPIN_ENV, "0.001")  # below the floor: refused, named
+        with pytest.raises(ValueError, match=engine_spin.PLAIN_SPIN_ENV):
+            engine_spin.register()
+        monkeypatch.delenv(engine_spin.PLAIN_SPIN_ENV)
+        engine_spin.register()
         engine_spin.drafting(True)
         assert reader.busy_loop_s == 0.008
         monkeypatch.setenv(SPIN_ENV, "0")
