@@ -9,15 +9,16 @@ drafter need, the engine core spins through every wait on a drafter. ``EAGLE_CLU
 loop in the engines the cluster's verifier starts (``cluster.app`` puts it in the verifier replica's environment)
 for the steps that draft; unset (vLLM's own servers, the baselines), vLLM keeps its default.
 
-A step that drafts nothing (k = 0, or no drafter ready) waits on no drafter, so it spins longer: ``PLAIN_SPIN_S``
-(``EAGLE_CLUSTER_ENGINE_PLAIN_SPIN_S``), long enough that consecutive steps never sleep between them. Each process is
-told after every step whether the next one drafts (``drafting``: the worker by its proposer, the engine core by the
-step's output, ``actors.verifier.draft_handoff``), and every queue reader of the process reads the busy loop from
-that (a property on ``SpinCondition``). Measured on 2 shared cores with no drafter application: the 5 ms loop's
-sleeps and ZMQ wake-ups cost 0.5-0.7x vLLM target-only's tok/s at c = 1; vLLM's own 1 s loop reached 0.9-1.0x at
-c = 1 but twice in five runs collapsed to 0.3x at c = 8 (every stream's tokens held back for seconds: the two
-spinning processes starve the serving path between requests, which vLLM's lighter API server survives); 20 ms keeps
-steps back to back without spinning through the gaps.
+A step that drafts nothing (k = 0, or no drafter ready) waits on no drafter, so it spins as vLLM target-only does
+(vLLM's 1 s; ``EAGLE_CLUSTER_ENGINE_PLAIN_SPIN_S`` sets another). Each process is told after every step whether the
+next one drafts (``drafting``: the worker by its proposer, the engine core by the step's output,
+``actors.verifier.draft_handoff``), and every queue reader of the process reads the busy loop from that (a property
+on ``SpinCondition``). Measured on this project's 2-core machines: with k = 0 held (strict pinning) 1.01-1.08x vLLM
+target-only's tok/s at c = 1 / 8 / 32, where a 20 ms loop gave 0.83-0.89x; with no drafter application on shared
+cores, 0.89-1.0x at c = 1 where the 5 ms loop gave 0.5-0.75x, but at c = 8 two runs in four collapsed to 0.3x
+(every stream's tokens held back for seconds: two spinning processes starve the cluster's heavier serving path on
+two shared cores, which vLLM's lighter API server survives). A small machine without a drafter can set the plain
+loop shorter (0.02 s: 0.56-0.97x at c = 8, no collapse seen).
 
 Not below ``MIN_SPIN_S``. The writer's wake-up is a ZMQ PUB message with a send high-water mark of 1, and a PUB
 socket learns that its pipe has room again only when it processes its commands, which ZMQ throttles inside ``send``
@@ -34,8 +35,7 @@ import logging
 import os
 
 SPIN_ENV = "EAGLE_CLUSTER_ENGINE_SPIN_S"
-PLAIN_SPIN_ENV = "EAGLE_CLUSTER_ENGINE_PLAIN_SPIN_S"  # the loop for steps without drafts
-PLAIN_SPIN_S = 0.02  # its default: longer than a step here, far shorter than vLLM's 1 s (see above)
+PLAIN_SPIN_ENV = "EAGLE_CLUSTER_ENGINE_PLAIN_SPIN_S"  # the loop for steps without drafts (default: vLLM's)
 MIN_SPIN_S = 0.005  # > ZMQ's command throttle (1-2 ms), with room: see above
 DEFAULT_SPIN_S = MIN_SPIN_S  # the verifier's (``verifier.engine_spin_s``)
 
@@ -58,8 +58,8 @@ class _Spin:
     """This process's busy loop: ``drafting_s`` while steps draft, ``plain_s`` while they do not."""
 
     drafting_s: float | None = None  # None: not set (vLLM's own loop, whatever the steps do)
-    plain_s = PLAIN_SPIN_S
-    current = PLAIN_SPIN_S
+    plain_s = 1.0
+    current = 1.0
 
 
 def _busy_loop_s(condition: object) -> float:
@@ -84,13 +84,14 @@ def register() -> None:
         logger.warning("%s ignored: SpinCondition.__init__ has defaults %r", SPIN_ENV, defaults)
         return
     plain = os.environ.get(PLAIN_SPIN_ENV)
-    _Spin.drafting_s, _Spin.plain_s = spin_s, PLAIN_SPIN_S if plain is None else parse_spin_s(plain, PLAIN_SPIN_ENV)
+    _Spin.drafting_s = spin_s
+    _Spin.plain_s = float(defaults[0]) if plain is None else parse_spin_s(plain, PLAIN_SPIN_ENV)
     _Spin.current = spin_s
     SpinCondition.busy_loop_s = property(_busy_loop_s, _ignore)
 
 
 def drafting(yes: bool) -> None:
-    """Whether this process's next step drafts: ``EAGLE_CLUSTER_ENGINE_SPIN_S`` if so, ``PLAIN_SPIN_S`` if not (a
-    no-op where the variable is unset)."""
+    """Whether this process's next step drafts: ``EAGLE_CLUSTER_ENGINE_SPIN_S`` if so, the plain loop (vLLM's) if
+    not (a no-op where the variable is unset)."""
     if _Spin.drafting_s is not None:
         _Spin.current = _Spin.drafting_s if yes else _Spin.plain_s
