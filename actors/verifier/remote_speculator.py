@@ -232,7 +232,7 @@ def build_speculator(spec: dict[str, Any]) -> RemoteSpeculator:
 
     spec = dict(spec)
     start_wait_s = spec.pop("start_wait_s", START_WAIT_S)
-    speculator = RemoteSpeculator(None, **{k: spec.pop(k) for k in SPECULATOR_KEYS & set(spec)})
-    speculator.drafters.finder = build_finder(spec)
+    settings = {k: spec.pop(k) for k in SPECULATOR_KEYS & set(spec)}
+    speculator = RemoteSpeculator(build_finder(spec), **settings)  # what is left of spec is the finder's
     speculator.drafters.start(start_wait_s)
     return speculator
