@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from actors.messages import DraftStep, SeqRole, SeqSlice
+from actors.metrics import COUNTER_KEYS, ProposerStats
 from actors.verifier.acceptance import Acceptance
 from actors.verifier.draft_length import StepDraftLength
 from actors.verifier.speculator import Drafts, Short, Speculator
@@ -136,11 +137,19 @@ class Speculation:
     def idle(self) -> None:
         self.lengths.idle()
 
-    def report(self, counters_only: bool = False) -> Any:
-        """``actors.metrics.ProposerStats`` of this verifier's steps."""
+    def report(self, counters_only: bool = False) -> ProposerStats:
+        """This verifier's steps, acceptance, draft lengths and speculator counters (``counters_only``: what
+        ``/metrics`` reads on every scrape)."""
         stats = self.speculator.stats()
         if counters_only:
-            from actors.metrics import COUNTER_KEYS
-
             stats = {k: stats[k] for k in COUNTER_KEYS if k in stats}
         return self.stats.report(self.acceptance, self.lengths, stats, counters_only)
+
+    def reset_measurements(self) -> None:
+        """Between a benchmark's runs: per-step timings, per-request tables, the policy's timed periods; the
+        counters and the drafts awaiting their step stay."""
+        self.stats.timings.clear()
+        self.acceptance.reset_measurements()
+        history = getattr(self.lengths.policy, "history", None)  # ``auto`` only
+        if history is not None:
+            history.clear()

@@ -229,9 +229,5 @@ class RemoteDraftWorker(_PlatformWorker):
     def eagle_cluster_reset_stats(self) -> None:
         adapter = self.adapter
         if adapter is not None and adapter.speculation is not None:
-            speculation = adapter.speculation
-            speculation.stats.timings.clear()
-            speculation.acceptance.reset_measurements()
-            if hasattr(speculation.lengths.policy, "history"):
-                speculation.lengths.policy.history.clear()
+            adapter.speculation.reset_measurements()
         self.split.clear()

@@ -250,3 +250,17 @@ def test_drafts_lengths():
     none = Drafts.none(2, 3, Short.CONTEXT)
     assert none.lengths() == [0, 0] and none.ids.shape == (2, 3) and none.errors == []
     assert Drafts.none(1, 0, Short.FAILED, "boom").errors == ["boom"]
+
+
+def test_reset_measurements_clears_the_tables_and_keeps_the_counters():
+    from actors.verifier.draft_length import AutoDraftLength
+
+    s = speculation(policy=AutoDraftLength(K))
+    for pos in range(0, 12, 3):  # decode steps: acceptance counted, periods timed by auto
+        run_step(s, [("a", pos, 3)])
+    s.lengths.policy.history.append((1, K, 5.0))
+    assert s.stats.timings and s.acceptance.per_request and s.acceptance.pending
+    steps = s.stats.steps
+    s.reset_measurements()
+    assert not s.stats.timings and not s.acceptance.per_request and not s.lengths.policy.history
+    assert s.stats.steps == steps and s.acceptance.pending  # counters and the drafts awaited stay
