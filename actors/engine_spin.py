@@ -10,15 +10,17 @@ loop in the engines the cluster's verifier starts (``cluster.app`` puts it in th
 for the steps that draft; unset (vLLM's own servers, the baselines), vLLM keeps its default.
 
 A step that drafts nothing (k = 0, or no drafter ready) waits on no drafter, so it spins as vLLM target-only does
-(vLLM's 1 s; ``EAGLE_CLUSTER_ENGINE_PLAIN_SPIN_S`` sets another). Each process is told after every step whether the
-next one drafts (``drafting``: the worker by its proposer, the engine core by the step's output,
+(vLLM's 1 s; ``EAGLE_CLUSTER_ENGINE_PLAIN_SPIN_S`` sets another), with one difference: a wait shares a contended
+core. vLLM's reader spins on ``sched_yield``, and the scheduler gives a spinning process its fair share of a core
+that others want: on two cores shared with the cluster's serving path (Serve's replica, HAProxy, Ray), the engine
+core and the worker spinning for each other starved it, and at c = 8 every stream's tokens came in one burst after
+~3 s (0.3x vLLM target-only, in half the runs). So once a ``sched_yield`` lasts ``CONTENDED_S`` (another process
+ran on the core meanwhile), the rest of that wait sleeps on the writer's ZMQ wake-up, ``SLEEP_MS`` at most per turn
+(a dropped wake-up costs a millisecond, not the 5 s vLLM rechecks after); an uncontended wait spins as vLLM's does.
+``EAGLE_CLUSTER_ENGINE_GREEDY_SPIN=1`` keeps vLLM's wait. Each process is told after every step whether the next
+one drafts (``drafting``: the worker by its proposer, the engine core by the step's output,
 ``actors.verifier.draft_handoff``), and every queue reader of the process reads the busy loop from that (a property
-on ``SpinCondition``). Measured on this project's 2-core machines: with k = 0 held (strict pinning) 1.01-1.08x vLLM
-target-only's tok/s at c = 1 / 8 / 32, where a 20 ms loop gave 0.83-0.89x; with no drafter application on shared
-cores, 0.89-1.0x at c = 1 where the 5 ms loop gave 0.5-0.75x, but at c = 8 two runs in four collapsed to 0.3x
-(every stream's tokens held back for seconds: two spinning processes starve the cluster's heavier serving path on
-two shared cores, which vLLM's lighter API server survives). A small machine without a drafter can set the plain
-loop shorter (0.02 s: 0.56-0.97x at c = 8, no collapse seen).
+on ``SpinCondition``); steps that draft keep the short loop and vLLM's wait. Figures: ``docs/BENCHMARKS.md``.
 
 Not below ``MIN_SPIN_S``. The writer's wake-up is a ZMQ PUB message with a send high-water mark of 1, and a PUB
 socket learns that its pipe has room again only when it processes its commands, which ZMQ throttles inside ``send``
@@ -33,11 +35,15 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 SPIN_ENV = "EAGLE_CLUSTER_ENGINE_SPIN_S"
 PLAIN_SPIN_ENV = "EAGLE_CLUSTER_ENGINE_PLAIN_SPIN_S"  # the loop for steps without drafts (default: vLLM's)
 MIN_SPIN_S = 0.005  # > ZMQ's command throttle (1-2 ms), with room: see above
 DEFAULT_SPIN_S = MIN_SPIN_S  # the verifier's (``verifier.engine_spin_s``)
+GREEDY_ENV = "EAGLE_CLUSTER_ENGINE_GREEDY_SPIN"  # 1: spin through contention, as vLLM does
+CONTENDED_S = 0.5e-3  # a sched_yield this long: another process needed the core (not a brief wake-up)
+SLEEP_MS = 1  # a contended wait sleeps on the writer's wake-up this long at most per turn
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +66,8 @@ class _Spin:
     drafting_s: float | None = None  # None: not set (vLLM's own loop, whatever the steps do)
     plain_s = 1.0
     current = 1.0
+    greedy = True  # vLLM's wait through the plain loop too (``EAGLE_CLUSTER_ENGINE_GREEDY_SPIN=1``)
+    sharing = False  # the waits of this step sleep once their core is contended (steps without drafts)
 
 
 def _busy_loop_s(condition: object) -> float:
@@ -68,6 +76,30 @@ def _busy_loop_s(condition: object) -> float:
 
 def _ignore(condition: object, value: float) -> None:  # vLLM's constructor assigns it; the process decides it
     return None
+
+
+def _sharing_wait(vllm_wait):
+    """vLLM's ``SpinCondition.wait`` (one turn of a reader's wait: ``sched_yield`` within the busy loop, else a ZMQ
+    sleep until the writer's wake-up), except that a wait whose ``sched_yield`` once took ``CONTENDED_S`` (another
+    process ran on the core meanwhile) sleeps on the wake-up instead, ``SLEEP_MS`` at most per turn, for the rest of
+    that wait: the core goes to whoever wanted it, and a dropped wake-up costs a millisecond."""
+
+    import zmq
+
+    def wait(self, timeout_ms: int | None = None) -> None:
+        if not _Spin.sharing or time.monotonic() > self.last_read + self.busy_loop_s:
+            return vllm_wait(self, timeout_ms)
+        if self.__dict__.get("_contended_after") == self.last_read:  # contended since this wait began
+            if self.local_notify_socket in dict(self.poller.poll(timeout=SLEEP_MS)):
+                self.local_notify_socket.recv(flags=zmq.NOBLOCK, copy=False)  # conflated: the one wake-up
+            return
+        began = time.perf_counter()
+        vllm_wait(self, timeout_ms)
+        if time.perf_counter() - began >= CONTENDED_S:
+            self._contended_after = self.last_read
+
+    wait.__wrapped__ = vllm_wait
+    return wait
 
 
 def register() -> None:
@@ -87,7 +119,9 @@ def register() -> None:
     _Spin.drafting_s = spin_s
     _Spin.plain_s = float(defaults[0]) if plain is None else parse_spin_s(plain, PLAIN_SPIN_ENV)
     _Spin.current = spin_s
+    _Spin.greedy = os.environ.get(GREEDY_ENV, "0") == "1"
     SpinCondition.busy_loop_s = property(_busy_loop_s, _ignore)
+    SpinCondition.wait = _sharing_wait(getattr(SpinCondition.wait, "__wrapped__", SpinCondition.wait))
 
 
 def drafting(yes: bool) -> None:
@@ -95,3 +129,4 @@ def drafting(yes: bool) -> None:
     not (a no-op where the variable is unset)."""
     if _Spin.drafting_s is not None:
         _Spin.current = _Spin.drafting_s if yes else _Spin.plain_s
+        _Spin.sharing = not yes and not _Spin.greedy

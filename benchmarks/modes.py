@@ -20,7 +20,8 @@ A mode's name is ``target-only``, ``colocated-METHOD`` or ``cluster-METHOD[-VARI
   ingress                 ``haproxy`` (Serve's HAProxy, the shipped default), ``pyproxy`` (Serve's Python proxy),
                           ``grpc`` (the Python proxy calling the replica over gRPC)
   engine                  ``nospin`` (``verifier.engine_spin_s: null``: vLLM's own 1 s busy loop, not the shipped
-                          5 ms), ``uni`` (the model in vLLM's engine-core process)
+                          5 ms), ``greedy`` (the engine spins through contention, as vLLM does:
+                          ``EAGLE_CLUSTER_ENGINE_GREEDY_SPIN=1``), ``uni`` (the model in vLLM's engine-core process)
   drafter pool            ``nodrafter`` (the verifier application alone), ``dN`` (N drafter replicas, 0.5 CPU each)
   ======================  =================================================================================
 
@@ -44,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from actors import engine_spin
 from benchmarks import cpu
 
 METHODS = ("eagle", "eagle3")
@@ -54,7 +56,7 @@ SCHEDULE = [[1, 2, 3], [3, 8, 1], [9, 1024, 0]]  # ``sched``: k by batch size, [
 STRICT_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1"}
 BASE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # 1 GiB of KV cache in every server
 VARIANT_KINDS = {"draft length": ("auto", "sched", "k0", "k1", "k2", "k3"), "drafting": ("async", "sync"),
-                 "ingress": ("haproxy", "pyproxy", "grpc"), "spin": ("nospin",), "executor": ("uni",),
+                 "ingress": ("haproxy", "pyproxy", "grpc"), "spin": ("nospin", "greedy"), "executor": ("uni",),
                  "pool": ("nodrafter",)}
 
 
@@ -70,6 +72,7 @@ class Mode:
     async_drafting: bool | None = None  # None: as shipped
     ingress: str = "haproxy"
     engine_spin: bool = True
+    greedy_spin: bool = False
     uni: bool = False
     drafter_app: bool = True
     drafters: int | None = None  # drafter replicas (0.5 CPU each); None: as shipped
@@ -113,8 +116,10 @@ def parse(name: str) -> Mode:
             fields["async_drafting"] = v == "async"
         elif kind == "ingress":
             fields["ingress"] = v
-        elif kind == "spin":
+        elif v == "nospin":
             fields["engine_spin"] = False
+        elif v == "greedy":
+            fields["greedy_spin"] = True
         elif kind == "executor":
             fields["uni"] = True
         elif v == "nodrafter":
@@ -227,6 +232,8 @@ def server(mode: Mode, pinning: str, tmp: Path, async_settings: dict[str, Any] |
     for section, values in more.items():
         changes[section] = {**changes.get(section, {}), **values}
     path = cpu_yaml(tmp / f"{mode.name}-{pinning}.yaml", **changes)
+    if mode.greedy_spin:
+        env[engine_spin.GREEDY_ENV] = "1"
     return Server(serve_command(path), HTTP, {**env, **ingress_env(mode.ingress)})
 
 

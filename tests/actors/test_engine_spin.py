@@ -65,3 +65,62 @@ def test_register_sets_the_busy_loop_while_steps_draft_and_the_plain_one_while_t
 def test_vllm_finds_the_plugin():
     names = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
     assert names.get("eagle_cluster_engine_spin") == "actors.engine_spin:register"
+
+
+def test_a_contended_wait_sleeps_on_the_wake_up_until_the_next_read(monkeypatch):
+    """A turn whose ``sched_yield`` took ``CONTENDED_S`` (another process ran) makes the rest of that wait sleep on
+    the writer's wake-up (``SLEEP_MS`` at most a turn), never spinning; the next read starts a new wait, which spins
+    again; greedy (``EAGLE_CLUSTER_ENGINE_GREEDY_SPIN=1``) is vLLM's wait throughout."""
+    import time
+
+    import zmq
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+    from vllm.utils.network_utils import get_open_zmq_ipc_path
+
+    turns: list[float] = []
+
+    def vllm_wait(condition, timeout_ms=None):  # vLLM's turn, its sched_yield descheduled for `turns[-1]` s
+        time.sleep(turns[-1])
+
+    for name in ("drafting_s", "greedy", "sharing", "current"):
+        monkeypatch.setattr(engine_spin._Spin, name, getattr(engine_spin._Spin, name))
+    engine_spin._Spin.drafting_s, engine_spin._Spin.greedy = 0.005, False
+    engine_spin.drafting(False)  # a step without drafts: its waits share a contended core
+    monkeypatch.setattr(SpinCondition, "busy_loop_s", property(engine_spin._busy_loop_s, engine_spin._ignore),
+                        raising=False)
+    wait = engine_spin._sharing_wait(vllm_wait)
+    context = zmq.Context()
+    try:
+        path = get_open_zmq_ipc_path()
+        writer = SpinCondition(False, context, path)
+        reader = SpinCondition(True, context, path)
+        time.sleep(0.2)  # the subscription reaches the publisher
+        turns.append(0.0)
+        wait(reader)
+        assert "_contended_after" not in reader.__dict__  # a quick yield: still spinning
+        turns.append(engine_spin.CONTENDED_S * 4)
+        wait(reader)
+        assert reader._contended_after == reader.last_read  # contended: the rest of this wait sleeps
+        turns.append(10.0)  # vLLM's turn would now take 10 s: it must not be called
+        began = time.perf_counter()
+        wait(reader)
+        assert time.perf_counter() - began < 0.5  # slept SLEEP_MS on the socket, no wake-up came
+        writer.notify()
+        time.sleep(0.05)
+        began = time.perf_counter()
+        wait(reader)  # the wake-up was waiting: returns at once, and is consumed
+        assert time.perf_counter() - began < engine_spin.SLEEP_MS / 1000 * 0.9
+        with pytest.raises(zmq.Again):
+            reader.local_notify_socket.recv(flags=zmq.NOBLOCK)
+        reader.record_read()  # a read: the next wait spins again
+        turns.append(0.0)
+        wait(reader)
+        assert reader._contended_after != reader.last_read
+        for greedy, drafts in ((False, True), (True, False)):  # a drafting step, or greedy: vLLM's wait
+            engine_spin._Spin.greedy = greedy
+            engine_spin.drafting(drafts)
+            turns.append(engine_spin.CONTENDED_S * 4)
+            wait(reader)
+            assert reader._contended_after != reader.last_read  # nothing marked
+    finally:
+        context.destroy(linger=0)

@@ -45,6 +45,7 @@ def test_what_a_name_sets() -> None:
     assert modes.parse("cluster-eagle").async_drafting is None  # as shipped
     assert modes.parse("cluster-eagle3-sync").async_drafting is False
     assert not modes.parse("cluster-eagle3-nodrafter").drafter_app
+    assert modes.parse("cluster-eagle3-greedy").greedy_spin and not modes.parse("cluster-eagle3").greedy_spin
 
 
 @pytest.mark.parametrize(("name", "says"), [
@@ -58,6 +59,7 @@ def test_what_a_name_sets() -> None:
     ("cluster-eagle3-pyproxy-grpc", "both set the ingress"),
     ("cluster-eagle3-nodrafter-async", "nodrafter serves no drafter"),
     ("cluster-eagle3-d0", "unknown variant 'd0'"),
+    ("cluster-eagle3-nospin-greedy", "'nospin' and 'greedy' both set the spin"),
 ])
 def test_a_bad_name_is_refused_naming_it(name: str, says: str) -> None:
     with pytest.raises(modes.ModeError, match=f"mode '{name}'.*{says}"):
@@ -122,6 +124,12 @@ def test_a_cluster_server_writes_its_yaml(tmp_path: Path) -> None:
     pool = full["applications"][1]["args"]
     assert (pool["num_replicas"], pool["num_cpus"], pool["cpu_affinity"]) == (2, 0.25, [1])
     assert pool["head"] == str(HEADS["eagle"])
+
+
+def test_greedy_spins_through_contention(tmp_path: Path) -> None:
+    env = modes.server(modes.parse("cluster-eagle3-greedy"), "none", tmp_path).env
+    assert env["EAGLE_CLUSTER_ENGINE_GREEDY_SPIN"] == "1"
+    assert "EAGLE_CLUSTER_ENGINE_GREEDY_SPIN" not in modes.server(modes.parse("cluster-eagle3"), "none", tmp_path).env
 
 
 def test_ingress_env() -> None:
