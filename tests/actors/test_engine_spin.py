@@ -88,6 +88,7 @@ def test_a_contended_wait_sleeps_on_the_wake_up_until_the_next_read(monkeypatch)
     engine_spin.drafting(False)  # a step without drafts: its waits share a contended core
     monkeypatch.setattr(SpinCondition, "busy_loop_s", property(engine_spin._busy_loop_s, engine_spin._ignore),
                         raising=False)
+    monkeypatch.setattr(engine_spin.os, "sched_getaffinity", lambda pid: {0, 1})
     wait = engine_spin._sharing_wait(vllm_wait)
     context = zmq.Context()
     try:
@@ -116,6 +117,11 @@ def test_a_contended_wait_sleeps_on_the_wake_up_until_the_next_read(monkeypatch)
         turns.append(0.0)
         wait(reader)
         assert reader._contended_after != reader.last_read
+        monkeypatch.setattr(engine_spin.os, "sched_getaffinity", lambda pid: {0})  # bound to one core
+        turns.append(engine_spin.CONTENDED_S * 4)
+        wait(reader)
+        assert reader._contended_after != reader.last_read  # its yields go to its writer: keeps spinning
+        monkeypatch.setattr(engine_spin.os, "sched_getaffinity", lambda pid: {0, 1})
         for greedy, drafts in ((False, True), (True, False)):  # a drafting step, or greedy: vLLM's wait
             engine_spin._Spin.greedy = greedy
             engine_spin.drafting(drafts)
