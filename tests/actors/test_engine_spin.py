@@ -72,15 +72,19 @@ def test_a_contended_wait_sleeps_on_the_wake_up_until_the_next_read(monkeypatch)
     the writer's wake-up (``SLEEP_MS`` at most a turn), never spinning; the next read starts a new wait, which spins
     again; greedy (``EAGLE_CLUSTER_ENGINE_GREEDY_SPIN=1``) is vLLM's wait throughout."""
     import time
+    from types import SimpleNamespace
 
     import zmq
     from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
     from vllm.utils.network_utils import get_open_zmq_ipc_path
 
+    clock = [0.0]  # the wait's perf_counter: a turn of vLLM's wait lasts what the test says, however busy the machine
     turns: list[float] = []
+    calls: list[float] = []
 
     def vllm_wait(condition, timeout_ms=None):  # vLLM's turn, its sched_yield descheduled for `turns[-1]` s
-        time.sleep(turns[-1])
+        clock[0] += turns[-1]
+        calls.append(turns[-1])
 
     for name in ("drafting_s", "greedy", "sharing", "current"):
         monkeypatch.setattr(engine_spin._Spin, name, getattr(engine_spin._Spin, name))
@@ -88,6 +92,7 @@ def test_a_contended_wait_sleeps_on_the_wake_up_until_the_next_read(monkeypatch)
     engine_spin.drafting(False)  # a step without drafts: its waits share a contended core
     monkeypatch.setattr(SpinCondition, "busy_loop_s", property(engine_spin._busy_loop_s, engine_spin._ignore),
                         raising=False)
+    monkeypatch.setattr(engine_spin, "time", SimpleNamespace(monotonic=time.monotonic, perf_counter=lambda: clock[0]))
     monkeypatch.setattr(engine_spin.os, "sched_getaffinity", lambda pid: {0, 1})
     wait = engine_spin._sharing_wait(vllm_wait)
     context = zmq.Context()
@@ -95,28 +100,29 @@ def test_a_contended_wait_sleeps_on_the_wake_up_until_the_next_read(monkeypatch)
         path = get_open_zmq_ipc_path()
         writer = SpinCondition(False, context, path)
         reader = SpinCondition(True, context, path)
-        time.sleep(0.2)  # the subscription reaches the publisher
+        while True:  # a PUB drops what it sends before the subscription reaches it: notify until one arrives
+            writer.notify()
+            if reader.local_notify_socket.poll(100):
+                reader.local_notify_socket.recv()
+                break
         turns.append(0.0)
         wait(reader)
         assert "_contended_after" not in reader.__dict__  # a quick yield: still spinning
         turns.append(engine_spin.CONTENDED_S * 4)
         wait(reader)
         assert reader._contended_after == reader.last_read  # contended: the rest of this wait sleeps
-        turns.append(10.0)  # vLLM's turn would now take 10 s: it must not be called
-        began = time.perf_counter()
-        wait(reader)
-        assert time.perf_counter() - began < 0.5  # slept SLEEP_MS on the socket, no wake-up came
+        spun = len(calls)
+        wait(reader)  # no wake-up comes: sleeps SLEEP_MS on the socket, and returns
         writer.notify()
-        time.sleep(0.05)
-        began = time.perf_counter()
-        wait(reader)  # the wake-up was waiting: returns at once, and is consumed
-        assert time.perf_counter() - began < engine_spin.SLEEP_MS / 1000 * 0.9
+        assert reader.local_notify_socket.poll(10_000)  # the wake-up is there
+        wait(reader)  # returns on it, and consumes it
         with pytest.raises(zmq.Again):
             reader.local_notify_socket.recv(flags=zmq.NOBLOCK)
+        assert len(calls) == spun  # neither turn was vLLM's (a spin)
         reader.record_read()  # a read: the next wait spins again
         turns.append(0.0)
         wait(reader)
-        assert reader._contended_after != reader.last_read
+        assert len(calls) == spun + 1 and reader._contended_after != reader.last_read
         monkeypatch.setattr(engine_spin.os, "sched_getaffinity", lambda pid: {0})  # bound to one core
         turns.append(engine_spin.CONTENDED_S * 4)
         wait(reader)
