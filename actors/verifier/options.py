@@ -11,17 +11,20 @@ from __future__ import annotations
 from typing import Any
 
 ASYNC_SCHEDULING = (
-    "the remote drafter needs it off: with async scheduling each tensor-parallel rank feeds the draft tokens of "
-    "its own runner into the next step, and only rank 0's come from the drafters (the others' are placeholders)")
+    "the remote drafter needs it off with model runner V1: with async scheduling V1 feeds each rank's own drafter "
+    "buffer into the next step, which remote drafts never reach; model runner V2 (VLLM_USE_V2_MODEL_RUNNER=1, "
+    "vLLM's default on CUDA) supports it")
 PIPELINE_PARALLEL = (
     "the remote drafter supports 1 only: vLLM builds the drafter hook on the last pipeline stage only, and vLLM's "
     "scheduler takes draft tokens from that stage; use tensor_parallel_size")
 
 
-def refuse_unsupported(engine: dict[str, Any]) -> None:
+def refuse_unsupported(engine: dict[str, Any], runner: str | None = None) -> None:
     """A ``ValueError`` starting with the option's name when ``engine`` (vLLM engine keyword arguments) asks for
-    something the remote drafter cannot do: ``async_scheduling``, ``pipeline_parallel_size`` > 1."""
-    if engine.get("async_scheduling"):
+    something the remote drafter cannot do: ``async_scheduling`` on model runner V1 (``runner``: ``"v1"`` or
+    ``"v2"``; None where the runner is chosen later, in the engine's process, whose worker then checks),
+    ``pipeline_parallel_size`` > 1."""
+    if engine.get("async_scheduling") and runner == "v1":
         raise ValueError(f"async_scheduling: {engine['async_scheduling']!r}; {ASYNC_SCHEDULING}")
     pp = engine.get("pipeline_parallel_size") or 1
     if pp != 1:

@@ -3,15 +3,18 @@
 Every engine this project builds uses it (baselines too, with ``remote_drafter: False``), so that all of them
 get the same CPU kernel fix (``actors.vllm_fixes``) and the same per-step timing.
 
-``init_device`` builds the model runner as usual (model runner V1: ``require_v1_runner``), then puts the adapter
-(``actors.verifier.vllm_adapter.RemoteEagleProposer``) in its drafter slot before ``load_model`` runs. The driver
-rank's adapter drafts through a ``Speculation`` over a ``RemoteSpeculator`` built from
+``init_device`` builds the model runner vLLM chose (``actors.vllm_engine.choose_model_runner``) with the adapter in its
+drafter slot, before ``load_model`` runs: runner V1's ``drafter`` becomes ``actors.verifier.vllm_adapter.
+RemoteEagleProposer``; runner V2 is built with ``actors.verifier.vllm_v2_adapter.RemoteSpeculatorV2`` as its
+``speculator``. The driver rank's adapter drafts through a ``Speculation`` over a ``RemoteSpeculator`` built from
 ``additional_config["eagle_cluster"]["draft_client"]`` (``actors.verifier.remote_speculator.build_speculator``).
 
-The step's three hooks: ``execute_model`` frees what the scheduler finished (``begin_step``); ``propose`` (inside
-``sample_tokens``) sends the step and waits for nothing; ``take_draft_token_ids``, which vLLM's engine core calls
-after it has sent the step's tokens to the clients (``post_step``), reads the drafts. A step with none to hand
-(k = 0, no drafter) says so with its output, and the engine core skips that call (``actors.verifier.draft_handoff``).
+The step's three hooks: ``execute_model`` frees what the scheduler finished (``begin_step``; runner V2: writes the
+step's drafts on the device first); ``propose`` (inside ``sample_tokens``) sends the step and waits for nothing;
+``take_draft_token_ids``, which vLLM's engine core calls after it has sent the step's tokens to the clients
+(``post_step``; not called under asynchronous scheduling, which runner V2 alone supports here), reads the drafts.
+A step with none to hand (k = 0, no drafter) says so with its output, and the engine core skips that call
+(``actors.verifier.draft_handoff``).
 
 RPCs (``LLM.collective_rpc`` / ``engine.collective_rpc``): ``eagle_cluster_stats`` returns the proposer's
 counters, timings and per-request acceptance as plain dicts; ``eagle_cluster_counters`` the counters only.
@@ -19,11 +22,13 @@ counters, timings and per-request acceptance as plain dicts; ``eagle_cluster_cou
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 from vllm.platforms import current_platform
@@ -45,6 +50,7 @@ from actors.verifier.remote_speculator import build_speculator
 from actors.verifier.speculation import Speculation
 from actors.verifier.step_stats import MAX_TIMINGS
 from actors.verifier.vllm_adapter import RemoteEagleProposer, check_vllm
+from actors.verifier.vllm_v2_adapter import RemoteSpeculatorV2, check_vllm_v2
 
 logger = logging.getLogger(__name__)
 
@@ -67,16 +73,27 @@ def _ensure_ray(address: str | None, namespace: str | None) -> None:
 V2_RUNNER_PACKAGES = ("vllm.v1.worker.gpu.", "vllm.v1.worker.cpu.")  # V1 runners: gpu_model_runner, cpu_model_runner
 
 
-def require_v1_runner(runner: Any) -> None:
-    """Refuse vLLM's model runner V2: it drafts through ``runner.speculator`` and has no ``runner.drafter``, so
-    neither the remote proposer nor the baselines' timing could hook it, and drafting would silently stay
-    local (or absent). ``actors.vllm_engine.use_v1_model_runner`` sets the variable for the engines built here."""
-    if hasattr(runner, "speculator") or type(runner).__module__.startswith(V2_RUNNER_PACKAGES):
-        raise RuntimeError(
-            f"eagle_cluster verifier: vLLM built model runner V2 ({type(runner).__module__}."
-            f"{type(runner).__name__}); the remote drafter hooks runner V1 only: set VLLM_USE_V2_MODEL_RUNNER=0 in "
-            "the environment of the process that builds the engine"
-        )
+def is_v2_runner(runner: Any) -> bool:
+    """Whether vLLM built model runner V2 (it drafts through ``runner.speculator``; V1 through ``runner.drafter``)."""
+    return hasattr(runner, "speculator") or type(runner).__module__.startswith(V2_RUNNER_PACKAGES)
+
+
+@contextlib.contextmanager
+def _remote_speculator_v2() -> Iterator[None]:
+    """While runner V2 is built: its ``init_speculator`` builds ``RemoteSpeculatorV2``, so no draft model, buffers or
+    weights are made here (V2 builds its speculator inside the runner's constructor; the CPU worker builds the
+    runner inside ``init_device``, the GPU worker in ``_make_model_runner``)."""
+    import vllm.v1.worker.gpu.model_runner as v2
+
+    from actors.verifier.vllm_v2_adapter import RemoteSpeculatorV2
+
+    original = v2.init_speculator
+    v2.init_speculator = lambda vllm_config, device, req_states, *a, **kw: RemoteSpeculatorV2(
+        vllm_config, device, req_states)
+    try:
+        yield
+    finally:
+        v2.init_speculator = original
 
 
 @dataclasses.dataclass
@@ -110,9 +127,10 @@ class RemoteDraftWorker(_PlatformWorker):
         super().__init__(*args, **kwargs)
 
     @property
-    def adapter(self) -> RemoteEagleProposer | None:
-        drafter = getattr(self.model_runner, "drafter", None)
-        return drafter if isinstance(drafter, RemoteEagleProposer) else None
+    def adapter(self) -> RemoteEagleProposer | RemoteSpeculatorV2 | None:
+        runner = self.model_runner
+        slot = getattr(runner, "speculator", None) if is_v2_runner(runner) else getattr(runner, "drafter", None)
+        return slot if isinstance(slot, RemoteEagleProposer | RemoteSpeculatorV2) else None
 
     def _timed(self, samples: deque[float], method, *args: Any, **kwargs: Any):
         """``method``'s result; its time until the device finished its work goes to ``samples`` (``ms_since``)."""
@@ -149,26 +167,29 @@ class RemoteDraftWorker(_PlatformWorker):
         return placeholders if adapter is None else adapter.take(placeholders)
 
     def init_device(self) -> None:
-        super().init_device()
-        runner = self.model_runner
-        require_v1_runner(runner)
         cfg: dict[str, Any] = (self.vllm_config.additional_config or {}).get(CONFIG_KEY, {})
+        remote = bool(cfg.get("remote_drafter", True))
+        with _remote_speculator_v2() if remote and self.vllm_config.speculative_config else contextlib.nullcontext():
+            super().init_device()
+        runner = self.model_runner
+        v2 = is_v2_runner(runner)
         if cfg.get("owner_pid"):
             watch_owner(int(cfg["owner_pid"]))
-        if not cfg.get("remote_drafter", True):
+        if not remote:
             # timing only: vLLM's own drafter (colocated) or none (target-only), for benchmarks
-            if getattr(runner, "drafter", None) is not None:
+            if not v2 and getattr(runner, "drafter", None) is not None:
                 runner.drafter.propose = self._timed_local_propose(runner.drafter.propose)
             return
-        check_vllm()
+        check_vllm_v2() if v2 else check_vllm()
         pc = self.vllm_config.parallel_config
-        if self.vllm_config.scheduler_config.async_scheduling:
-            raise RuntimeError(f"eagle_cluster verifier: async_scheduling is on; {ASYNC_SCHEDULING}")
+        if self.vllm_config.scheduler_config.async_scheduling and not v2:
+            raise RuntimeError(f"eagle_cluster verifier: async_scheduling is on with model runner V1; "
+                               f"{ASYNC_SCHEDULING}")
         if pc.pipeline_parallel_size > 1:  # before the drafter check: stages but the last have no drafter
             raise RuntimeError(f"eagle_cluster verifier: pipeline_parallel_size {pc.pipeline_parallel_size}; "
                                f"{PIPELINE_PARALLEL}")
         spec_config = self.vllm_config.speculative_config
-        if spec_config is None or not hasattr(runner, "drafter"):
+        if spec_config is None or not hasattr(runner, "speculator" if v2 else "drafter"):
             raise RuntimeError("eagle_cluster verifier: the engine needs an EAGLE / EAGLE-3 speculative_config")
         speculation = None
         if self.rank % pc.tensor_parallel_size == 0:  # the driver: TP rank 0 (one pipeline stage: see above)
@@ -179,8 +200,20 @@ class RemoteDraftWorker(_PlatformWorker):
                                         self.vllm_config.scheduler_config.max_num_seqs)
             speculation = Speculation(build_speculator(spec), StepDraftLength(policy))
         # mm_embeds False only to measure drafting from image placeholder ids
+        if v2:
+            if speculation is not None:
+                runner.speculator.attach(speculation, ship_mm_embeds=bool(cfg.get("mm_embeds", True)))
+            return
         runner.drafter = RemoteEagleProposer(self.vllm_config, self.device, runner, speculation,
                                              ship_mm_embeds=bool(cfg.get("mm_embeds", True)))
+
+    def compile_or_warm_up_model(self, *args: Any, **kwargs: Any):
+        """vLLM's warm-up and graph capture run steps of made-up requests: the drafters see none of them (runner V2
+        sends steps only once this returned)."""
+        result = super().compile_or_warm_up_model(*args, **kwargs)
+        if isinstance(adapter := self.adapter, RemoteSpeculatorV2):
+            adapter.live = True
+        return result
 
     def _timed_local_propose(self, propose):
         def timed(**kwargs):  # the runner passes everything by keyword
