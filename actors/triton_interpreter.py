@@ -35,6 +35,21 @@ class _InterpreterDriver:
         return GPUTarget("cpu", 0, 0)
 
 
+class _InterpreterCompiler:
+    """What Inductor asks of Triton's CPU compiler when it keys its caches (vLLM's CPU tensor-parallel path compiles
+    a small function with Inductor, which generates C++ there, not Triton)."""
+
+    def __init__(self, target) -> None:
+        self.target = target
+
+    @staticmethod
+    def supports_target(target) -> bool:
+        return target.backend == "cpu"
+
+    def hash(self) -> str:
+        return "triton-interpreter"
+
+
 def enabled() -> bool:
     return os.environ.get(ENV) == "1"
 
@@ -47,5 +62,5 @@ def install() -> bool:
         from triton.backends import backends
     except ImportError:  # no Triton: vLLM falls back to runner V1 on its own
         return False
-    backends.setdefault("cpu", types.SimpleNamespace(compiler=None, driver=_InterpreterDriver))
+    backends.setdefault("cpu", types.SimpleNamespace(compiler=_InterpreterCompiler, driver=_InterpreterDriver))
     return True
