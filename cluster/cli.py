@@ -73,7 +73,6 @@ REFUSED = {  # dest -> why the cluster cannot honour the flag
     "worker_extension_cls": "the verifier runs the cluster's worker (actors.verifier.worker.RemoteDraftWorker)",
     "additional_config": "the cluster's engine settings live there (additional_config.eagle_cluster)",
     "pipeline_parallel_size": "the remote drafter supports 1 only (actors/verifier/options.py); use -tp",
-    "async_scheduling": "the remote drafter needs it off (actors/verifier/options.py)",
     "data_parallel_size": "use --verifier-num-replicas (Serve replicas, each its own engine)",
     "data_parallel_size_local": "use --verifier-num-replicas",
     "headless": "Serve places the engines; there is no headless mode",

