@@ -6,6 +6,7 @@ draft-length policy in simulation. One subcommand each:
     python -m benchmarks.offline multimodal [--num-prompts 12] [--k 3] [--max-tokens 64]
     python -m benchmarks.offline drafter-speed [--heads eagle eagle3] [--batch 1 16]
     python -m benchmarks.offline draft-length-sim [--seeds 12] [--steps 1500] [--noise 0.25]
+    python -m benchmarks.offline runners [--arms v1 v2 v2-async] [--concurrency 1 8] [--json FILE]
 
 - ``colocated``: vLLM's own colocated speculative decoding on the shipped heads (greedy, held-out prompts, the
   seed PRs' acceptance table): the reference acceptance figures.
@@ -22,6 +23,8 @@ draft-length policy in simulation. One subcommand each:
 - ``draft-length-sim``: ``auto``'s rule (``actors.verifier.draft_length.AutoDraftLength``) against the best fixed k,
   driven as the proposer drives it on per-k step costs measured held on this machine, with its noise (log-normal
   per step, 3% pauses of 2.5x, a slow +-25% drift). No engine.
+- ``runners``: vLLM's model runner V1 against V2 (synchronous and asynchronous scheduling) for target-only and the
+  cluster, each arm in a process of its own (``runner-arm``); on a CPU, V2's kernels run in Triton's interpreter.
 
 The runs that start Ray want a shared machine's ``flock /work/ray.lock``.
 """
@@ -90,9 +93,10 @@ def colocated(args: argparse.Namespace) -> None:
 
 
 # --- target-only / colocated / disaggregated, offline ---------------------------------------------------------------
-def run_mode(mode: str, method: str, k: int, prompts: list[str], max_tokens: int, concurrency: int) -> dict:
+def run_mode(mode: str, method: str, k: int, prompts: list[str], max_tokens: int, concurrency: int,
+             **engine: Any) -> dict:
     """One offline run: ``mode`` ``target-only``, ``colocated`` or ``disaggregated`` (the drafter actor
-    ``bench-drafter``)."""
+    ``bench-drafter``); ``engine``: more engine arguments (e.g. ``async_scheduling``)."""
     from vllm import SamplingParams
 
     from actors.metrics import from_vllm_metrics
@@ -101,7 +105,8 @@ def run_mode(mode: str, method: str, k: int, prompts: list[str], max_tokens: int
 
     spec = {"method": method, "model": str(HEADS[method]), "num_speculative_tokens": k}
     client = {"actor": "bench-drafter", "namespace": NAMESPACE} if mode == "disaggregated" else None
-    llm = make_verifier_llm(str(TARGET), None if mode == "target-only" else spec, client, max_num_seqs=concurrency)
+    llm = make_verifier_llm(str(TARGET), None if mode == "target-only" else spec, client, max_num_seqs=concurrency,
+                            **engine)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     llm.generate(prompts[:2], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)  # warm-up
     llm.collective_rpc("eagle_cluster_reset_stats")
@@ -153,6 +158,67 @@ def disaggregated(args: argparse.Namespace) -> None:
               f"(b)/(a) {tps['colocated'] / tps['target-only']:.2f}")
     ray.kill(drafter)
     ray.shutdown()
+
+
+# --- model runner V1 against V2, side by side -------------------------------------------------------------------------
+# arm -> (VLLM_USE_V2_MODEL_RUNNER, engine arguments). V2 runs on a CPU through Triton's interpreter.
+RUNNER_ARMS: dict[str, tuple[str, dict[str, Any]]] = {
+    "v1": ("0", {}), "v2": ("1", {}), "v2-async": ("1", {"async_scheduling": True})}
+
+
+def runner_arm(args: argparse.Namespace) -> None:
+    """One arm of ``runners`` in this process (the runner is fixed per process once an engine has started):
+    target-only and the cluster at each concurrency, written as JSON to ``args.out``."""
+    import ray
+
+    from actors.drafter.actor import start_drafter_actor
+    from actors.drafter.config import DrafterSettings
+    from cluster.harness import HEADS, TARGET, heldout_prompts
+
+    _, engine = RUNNER_ARMS[args.arm]
+    prompts = heldout_prompts(args.num_prompts)
+    ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+    drafter = start_drafter_actor(DrafterSettings(str(HEADS["eagle3"]), str(TARGET)), name="bench-drafter",
+                                  namespace=NAMESPACE)
+    out = {f"{mode}@{c}": run_mode(mode, "eagle3", args.k, prompts, args.max_tokens, c,
+                                   **(engine if mode != "target-only" else {}))
+           for c in args.concurrency for mode in ("target-only", "disaggregated")}
+    ray.kill(drafter)
+    ray.shutdown()
+    Path(args.out).write_text(json.dumps(out))
+
+
+def runners(args: argparse.Namespace) -> None:
+    """Model runner V1 against V2 (synchronous and asynchronous scheduling) on this machine, one process per arm
+    run one after the other, same prompts: tok/s of target-only and the cluster (EAGLE-3), and V2 / V1."""
+    import subprocess
+    import sys
+    import tempfile
+
+    print(f"EAGLE-3 k={args.k}, {args.num_prompts} held-out prompts x {args.max_tokens} tokens, greedy, all cores "
+          f"shared; c = max_num_seqs, all prompts at once")
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for arm in args.arms:
+            flag, _ = RUNNER_ARMS[arm]
+            env = {**os.environ, "VLLM_USE_V2_MODEL_RUNNER": flag}
+            if flag == "1":
+                env["TRITON_INTERPRET"] = "1"  # actors/triton_interpreter.py, installed by the Makefile
+            out = Path(tmp) / f"{arm}.json"
+            cmd = [sys.executable, "-m", "benchmarks.offline", "runner-arm", "--arm", arm, "--out", str(out),
+                   "--num-prompts", str(args.num_prompts), "--max-tokens", str(args.max_tokens), "--k", str(args.k),
+                   "--concurrency", *map(str, args.concurrency)]
+            subprocess.run(cmd, env=env, check=True)
+            results[arm] = json.loads(out.read_text())
+    print("arm | mode | c | tok/s | MAL | x v1 (same mode, c)")
+    for arm, res in results.items():
+        for key, r in res.items():
+            mode, c = key.split("@")
+            base = results.get("v1", {}).get(key)
+            ratio = (r["tokens"] / r["seconds"]) / (base["tokens"] / base["seconds"]) if base else float("nan")
+            print(f"{arm} | {mode} | {c} | {r['tokens'] / r['seconds']:.1f} | {r['mal']:.2f} | {ratio:.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
 
 
 # --- image prompts --------------------------------------------------------------------------------------------------
@@ -345,6 +411,19 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--batch", type=int, nargs="*", default=[1, 16], help="max_num_seqs, all prompts at once")
     s.add_argument("--num-prompts", type=int, default=16)
     s.add_argument("--max-tokens", type=int, default=128)
+    for name, help_ in (("runners", "model runner V1 vs V2 (sync and async scheduling), one process per arm"),
+                        ("runner-arm", "one arm of runners (its own process)")):
+        s = sub.add_parser(name, help=help_)
+        s.add_argument("--concurrency", type=int, nargs="*", default=[1, 8])
+        s.add_argument("--num-prompts", type=int, default=16)
+        s.add_argument("--max-tokens", type=int, default=64)
+        s.add_argument("--k", type=int, default=3)
+        if name == "runners":
+            s.add_argument("--arms", nargs="*", choices=list(RUNNER_ARMS), default=list(RUNNER_ARMS))
+            s.add_argument("--json", help="write the figures here too")
+        else:
+            s.add_argument("--arm", choices=list(RUNNER_ARMS), required=True)
+            s.add_argument("--out", required=True)
     s = sub.add_parser("draft-length-sim", help="auto's rule against the best fixed k, in simulation")
     s.add_argument("--seeds", type=int, default=12)
     s.add_argument("--steps", type=int, default=1500)
@@ -354,7 +433,8 @@ def parser() -> argparse.ArgumentParser:
 
 RUNS: dict[str, Callable[[argparse.Namespace], None]] = {
     "colocated": colocated, "disaggregated": disaggregated, "multimodal": multimodal,
-    "drafter-speed": drafter_speed, "draft-length-sim": draft_length_sim}
+    "drafter-speed": drafter_speed, "draft-length-sim": draft_length_sim, "runners": runners,
+    "runner-arm": runner_arm}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -53,15 +53,17 @@ def propose(adapter: RemoteSpeculatorV2, **kwargs) -> torch.Tensor:
     batch = SimpleNamespace(
         num_reqs=2, req_ids=["a", "b"], idx_mapping=torch.tensor([5, 2]), idx_mapping_np=np.array([5, 2], np.int32),
         query_start_loc_np=np.array([0, 3, 5], np.int32), prefill_len_np=np.array([4, 6], np.int32),
-        positions=torch.tensor([10, 11, 12, 0, 1]), input_ids=torch.tensor([100, 101, 102, 200, 201], dtype=torch.int32))
+        positions=torch.tensor([10, 11, 12, 0, 1]),
+        input_ids=torch.tensor([100, 101, 102, 200, 201], dtype=torch.int32))
     last_sampled = torch.zeros(MAX_REQS, 1, dtype=torch.int64)
     last_sampled[5, 0] = 77
     next_prefill = torch.zeros(1, MAX_REQS, dtype=torch.int32)
     next_prefill[0, 2] = 55
     aux = [torch.arange(5, dtype=torch.float32)[:, None].expand(5, WIDTH) * (layer + 1) for layer in range(2)]
     return adapter.propose(batch, {}, {}, torch.zeros(5, WIDTH), aux, num_sampled=torch.tensor([2, 0]),
-                           num_rejected=torch.tensor([1, 0]), last_sampled=last_sampled, next_prefill_tokens=next_prefill,
-                           temperature=torch.zeros(MAX_REQS), seeds=torch.zeros(MAX_REQS), **kwargs)
+                           num_rejected=torch.tensor([1, 0]), last_sampled=last_sampled,
+                           next_prefill_tokens=next_prefill, temperature=torch.zeros(MAX_REQS),
+                           seeds=torch.zeros(MAX_REQS), **kwargs)
 
 
 def scheduler_output(spec_tokens: dict[str, list[int]] | None = None, finished: set[str] | None = None):
