@@ -1,7 +1,8 @@
 """Engine options the remote drafter cannot work with are refused with the option's name
-(``actors.verifier.options``): ``async_scheduling`` (each TP rank would feed its own drafts, placeholders on ranks
-> 0) and ``pipeline_parallel_size`` > 1 (the drafter hook exists on the last stage only). Where engine arguments
-are made (``verifier_kwargs``), and in the worker for engines built any other way. Nothing is started."""
+(``actors.verifier.options``): ``async_scheduling`` on model runner V1 (V1 feeds each rank's own drafter buffer into
+the next step; runner V2 takes it, as vLLM does by default on CUDA) and ``pipeline_parallel_size`` > 1 (the drafter
+hook exists on the last stage only). Where engine arguments are made (``verifier_kwargs``), by the YAML config for the
+runner its accelerator gets, and in the worker for engines built any other way. Nothing is started."""
 
 from __future__ import annotations
 
@@ -15,21 +16,54 @@ SPEC = {"method": "eagle3", "model": str(EAGLE3), "num_speculative_tokens": 3}
 CLIENT = {"actor": "drafter", "namespace": "eagle_cluster"}  # one named drafter actor (the default finder)
 
 
+@pytest.fixture
+def runner_v1(monkeypatch):
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+
+
+@pytest.fixture
+def runner_v2(monkeypatch):
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+
+
 @pytest.mark.parametrize(("option", "value"), [("async_scheduling", True), ("pipeline_parallel_size", 2)])
-def test_verifier_kwargs_refuse(option, value):
+def test_verifier_kwargs_refuse(runner_v1, option, value):
     from actors.verifier.engine import verifier_kwargs
 
     with pytest.raises(ValueError, match=f"^{option}: .*remote drafter"):
         verifier_kwargs(str(TARGET), SPEC, CLIENT, **{option: value})
 
 
-def test_verifier_kwargs_keep_async_scheduling_off():
+def test_verifier_kwargs_keep_async_scheduling_off(runner_v1):
     from actors.verifier.engine import verifier_kwargs
 
     assert verifier_kwargs(str(TARGET), SPEC, CLIENT)["async_scheduling"] is False
     assert verifier_kwargs(str(TARGET), SPEC, CLIENT, async_scheduling=False, pipeline_parallel_size=1)
     # baselines (vLLM's own drafter) may ask; they run with it off like every engine here, to compare alike
     assert verifier_kwargs(str(TARGET), SPEC, None, async_scheduling=True)["async_scheduling"] is False
+
+
+def test_runner_v2_takes_async_scheduling_as_vllm_does(runner_v2):
+    from actors.verifier.engine import verifier_kwargs
+
+    assert "async_scheduling" not in verifier_kwargs(str(TARGET), SPEC, CLIENT)  # vLLM decides: on, on CUDA
+    assert verifier_kwargs(str(TARGET), SPEC, CLIENT, async_scheduling=True)["async_scheduling"] is True
+    with pytest.raises(ValueError, match="^pipeline_parallel_size: 2"):
+        verifier_kwargs(str(TARGET), SPEC, CLIENT, pipeline_parallel_size=2)
+
+
+def test_gpu_yamls_get_runner_v2_and_the_cpu_default_runner_v1(monkeypatch):
+    from actors.verifier.options import expected_runner
+    from cluster.config import EagleClusterConfig
+    from tests.cluster.configs import app_args
+    from tests.conftest import ROOT
+
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    runners = {path.name: expected_runner(EagleClusterConfig.model_validate(app_args(path)).verifier.accelerator)
+               for path in sorted((ROOT / "deploy").glob("*.yaml"))}
+    assert runners["cpu.yaml"] == "v1" and runners["llama4-scout-eagle-tp4.yaml"] == "v2", runners
+    assert {name for name, runner in runners.items() if runner == "v2"} == {
+        name for name in runners if name.startswith("llama4-")}
 
 
 def _worker(monkeypatch, runner, *, async_scheduling=False, pp=1, tp=1):
