@@ -33,13 +33,11 @@ REQUIRED = ("id", "question", "title", "command", "hardware", "date", "commit", 
 
 HEADER = """# Benchmarks
 
-The current figure for each question a user asks, each table with its command, the hardware each process had, the
-date and the commit. CPU figures: this project's machines (2 cores, 24 GiB, no GPU; vLLM's CPU build); GPU figures:
-one lent H200 without vLLM. CPU machines are noisy (the same mode moves 10-25% between runs), so compare ratios
-measured side by side in one run, not absolute tok/s across tables.
+Each table with its command, the hardware each process had, the date and the commit. CPU: this project's machines
+(2 cores, 24 GiB, no GPU; vLLM's CPU build); GPU: one lent H200 without vLLM. The same CPU mode moves 10-25% between
+runs: compare ratios measured side by side in one run.
 
-This page is rendered from `docs/results/*.json` by `python -m benchmarks.report` (`--check` in CI); do not edit by
-hand. Earlier figures: this file's git history.
+Rendered from `docs/results/*.json` by `python -m benchmarks.report` (`--check` in CI). Earlier figures: git history.
 """
 
 

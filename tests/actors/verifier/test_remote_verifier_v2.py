@@ -131,17 +131,42 @@ def test_greedy_exact_and_counters_match_colocated(ray_cluster, head, method, pr
         assert vh.within(a, b)
 
 
-@pytest.mark.parametrize("branches", [None, PIPELINED], ids=["synchronous", "pipelined"])
-def test_async_scheduling_exact(ray_cluster, branches, prompts, greedy, reference):
-    """The drafts are awaited at the next step's start and written on the device before V2 prepares its inputs."""
-    tokens, stats, rpc = remote_run(EAGLE3, "eagle3", prompts, greedy, "drafter-async", branches=branches, **ASYNC)
+@pytest.mark.parametrize(("engine", "branches"), [({}, PIPELINED), (ASYNC, None), (ASYNC, PIPELINED)],
+                         ids=["pipelined", "async-scheduling", "async-scheduling-pipelined"])
+def test_pipelined_drafting_and_async_scheduling_exact(ray_cluster, engine, branches, prompts, greedy, reference):
+    """Under asynchronous scheduling the drafts are awaited at the next step's start and written on the device
+    before V2 prepares its inputs; pipelined drafts answer from the branch table either way."""
+    tokens, stats, rpc = remote_run(EAGLE3, "eagle3", prompts, greedy, "drafter-async", branches=branches, **engine)
     assert tokens == reference
     d = driver(rpc)
-    assert (d["model_runner"], d["async_scheduling"], d["failures"]) == ("v2", True, 0)
-    assert d["draft_writes"] >= d["steps"] - 1 > 0  # every step's drafts but the last one's (no step follows it)
+    assert (d["model_runner"], d["async_scheduling"], d["failures"]) == ("v2", bool(engine), 0)
+    assert d["draft_writes"] > 0
+    if engine:
+        assert d["draft_writes"] >= d["steps"] - 1  # every step's drafts but the last one's (no step follows it)
     assert stats.mean_acceptance_length > 1.5, stats.table()
     if branches is not None:
         assert 0 < d["branch_hits"] <= d["branch_lookups"]
+
+
+def test_prefix_caching_exact_and_the_drafter_finds_the_prefix(ray_cluster, greedy):
+    """Prompts sharing a long prefix, the first generated before the others: vLLM's prefix cache serves the later
+    ones, and the drafter finds the prefix's draft K/V in its own cache (the prompt announced from V2's new
+    requests)."""
+    prefix = "".join(vh.prompts(6))
+    prompts = [prefix + tail for tail in ("\ndef first(", "\nclass Second:", "\nimport third")]
+    reference, _ = vh.target_only(prompts, greedy)
+    actor = start_drafter_actor(DrafterSettings(str(EAGLE3), str(TARGET)), name="drafter-prefix", namespace=NS)
+    llm = make_verifier_llm(str(TARGET), spec(EAGLE3, "eagle3"), {"actor": "drafter-prefix", "namespace": NS})
+    try:
+        first, _ = vh.run(llm, prompts[:1], greedy)
+        rest, stats = vh.run(llm, prompts[1:], greedy)
+        driver_stats = ProposerStats.of_driver(llm.collective_rpc("eagle_cluster_stats"))
+    finally:
+        vh.close(llm)
+        ray.kill(actor)
+    assert first + rest == reference
+    assert driver_stats.client["prefix_hit_tokens"] > 0, driver_stats.client
+    assert driver_stats.failures == 0 and stats.mean_acceptance_length > 1.5, stats.table()
 
 
 def test_tp2_async_both_ranks_verify_the_same_drafts(ray_cluster, prompts, greedy):
