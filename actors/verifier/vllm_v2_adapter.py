@@ -231,11 +231,18 @@ class RemoteSpeculatorV2(BaseSpeculator):
             stats.mm_rows_shipped += len(picked)
 
     def take(self, placeholders: DraftTokenIds | None) -> DraftTokenIds | None:
-        """Synchronous scheduling: vLLM's ``take_draft_token_ids``. The step's drafts, waited for now, as the
+        """vLLM's ``take_draft_token_ids``. Synchronous scheduling: the step's drafts, waited for now, as the
         scheduler's lists: each as long as ``Drafts.lengths`` says (empty: no draft slot for that sequence).
+        Asynchronous scheduling asks only to check structured outputs' drafts against their grammar: the drafts are
+        waited for and written now (``begin_step`` then has none left to write), and handed over as written.
 
-        Worked example: req_ids [a, b], drafts [[5, 6], [8, 9]] with b short -> [[5, 6], []]."""
-        if self.speculation is None or placeholders is None:
+        Worked example (synchronous): req_ids [a, b], drafts [[5, 6], [8, 9]] with b short -> [[5, 6], []]."""
+        if placeholders is None:
+            return None
+        if self.async_scheduling:
+            written = self._write_awaited_drafts()
+            return placeholders if written is None else DraftTokenIds(list(placeholders.req_ids), written.tolist())
+        if self.speculation is None:
             return placeholders
         drafts = self.speculation.collect()
         if drafts is None or len(drafts.ids) != len(placeholders.req_ids):
@@ -281,12 +288,12 @@ class RemoteSpeculatorV2(BaseSpeculator):
             ids[i, : len(scheduled[rid])] = scheduled[rid]
         self._write(np.array([index[rid] for rid in rids], np.int64), torch.from_numpy(ids))
 
-    def _write_awaited_drafts(self) -> None:
+    def _write_awaited_drafts(self) -> torch.Tensor | None:  # [B, K] the ids written, None: nothing awaited
         """Asynchronous scheduling: the last step's drafts, waited for on the driver and broadcast to the other
         ranks (every rank calls this at the same step, with the same batch)."""
         batch, self._batch = self._batch, None
         if batch is None:
-            return
+            return None
         ids = torch.full((len(batch.req_ids), self.num_speculative_steps), FILLER_TOKEN, dtype=torch.int64)
         if self.speculation is not None:
             drafts = self.speculation.collect()
@@ -298,6 +305,7 @@ class RemoteSpeculatorV2(BaseSpeculator):
 
             ids = get_tp_group().broadcast(ids, src=0)
         self._write(batch.idx, ids)
+        return ids
 
     def _write(self, idx: np.ndarray, ids: torch.Tensor) -> None:  # idx: [n] slots; ids: [n, K]
         ids = ids.to(self.device)

@@ -147,3 +147,16 @@ def test_finished_sequences_are_freed_on_the_drafters():
 def test_filled_worked_example():
     drafts = Drafts(np.array([[5, 6], [8, 9]]), {1: Short.FAILED})
     assert _filled(drafts, 3).tolist() == [[5, 6, FILLER_TOKEN], [FILLER_TOKEN] * 3]
+
+
+def test_asynchronous_take_hands_the_drafts_over_once():
+    """Under asynchronous scheduling vLLM asks for the drafts only to check structured outputs' grammar: they are
+    written then, and the next step's ``begin_step`` writes nothing more."""
+    from vllm.v1.outputs import DraftTokenIds
+
+    adapter, _ = make(async_scheduling=True)
+    propose(adapter)
+    taken = adapter.take(DraftTokenIds(["a", "b"], [[-1] * K] * 2))
+    assert taken.draft_token_ids == [[DRAFT] * K] * 2 and adapter.writes == 1
+    adapter.begin_step(scheduler_output({"a": [-1] * K, "b": [-1] * K}))
+    assert adapter.writes == 1 and adapter.req_states.draft_tokens[5].tolist() == [DRAFT] * K
