@@ -5,8 +5,8 @@
   colocated EAGLE on V2 with the same checkpoints (EAGLE-1 and EAGLE-3);
 - asynchronous scheduling (vLLM-CPU's platform turns it off; ``keep_async_scheduling`` keeps it for these engines):
   exact with synchronous and pipelined drafters, the drafts written on the device before each step; at TP = 2 both
-  TP = 2 target-only;
-- prefix caching: the drafter finds a shared prefix in its own cache;
+  ranks verify the same drafts (broadcast over the TP group), exact against TP = 2 target-only;
+- prefix caching: the drafter finds a shared prefix in its own cache; image prompts: exact, image rows shipped;
 - sampling: the distribution of generated tokens matches target-only sampling (chi-square);
 - a drafter killed mid-run or absent fails no request and changes no output.
 
@@ -170,6 +170,19 @@ def test_prefix_caching_exact_and_the_drafter_finds_the_prefix(ray_cluster, gree
     assert first + rest == reference
     assert driver_stats.client["prefix_hit_tokens"] > 0, driver_stats.client
     assert driver_stats.failures == 0 and stats.mean_acceptance_length > 1.5, stats.table()
+
+
+def test_image_prompts_exact_with_the_image_rows_shipped(ray_cluster):
+    """V2 gathers the target's image embeddings for the drafter while a request has image positions ahead
+    (``RemoteSpeculatorV2.supports_mm_inputs``); the step ships them with its rows."""
+    from cluster.image_runs import cluster, image_prompts, target_only
+
+    prompts = image_prompts(3, max_text_chars=40)
+    reference, _ = target_only(prompts, 16)
+    tokens, stats, rpc = cluster("eagle3", prompts, K, 16, NS)
+    assert tokens == reference
+    assert rpc["model_runner"] == "v2" and rpc["mm_rows_shipped"] > 0 and rpc["failures"] == 0
+    assert stats.num_accepted_tokens > 0, stats.table()
 
 
 def test_tp2_async_both_ranks_verify_the_same_drafts(ray_cluster, prompts, greedy):
