@@ -62,9 +62,9 @@ def verifier_kwargs(
 def _split_draft_length(spec: dict[str, Any] | None) -> tuple[dict[str, Any] | None, Any]:
     """(vLLM's speculative config without ``num_speculative_tokens_per_batch_size``, that key's value).
 
-    The key is vLLM's, but vLLM's V1 model runner (the one this project hooks) only hands its drafter the
-    scheduler's k per step (``SchedulerOutput.num_spec_tokens_to_schedule``), and its type cannot hold
-    ``"auto"``; so the remote proposer applies it (``actors.verifier.draft_length``) from
+    The key is vLLM's, but vLLM's model runner V1 only hands its drafter the scheduler's k per step
+    (``SchedulerOutput.num_spec_tokens_to_schedule``), and its type cannot hold ``"auto"``; so the remote proposer
+    applies it, on either runner, (``actors.verifier.draft_length``) from
     ``additional_config["eagle_cluster"]["draft_length"]``, and vLLM runs with a fixed K. The baselines
     (vLLM's own drafter or none) drop it: they run at K."""
     if not spec or DRAFT_LENGTH_KEY not in spec:
