@@ -6,8 +6,8 @@ model loads, so no draft weights are ever loaded here. vLLM's model runner still
 its scheduler, paged KV cache (target layers only), rejection sampler and metrics, and the inherited
 ``prepare_next_token_ids_*`` / ``prepare_inputs_*``. What happens to a step is ``actors.verifier.speculation``'s.
 
-This is the one module that reads or writes vLLM's internals (``VLLM_INTERNALS`` lists them; ``check_vllm``
-refuses an engine where one has moved, so a vLLM upgrade fails loudly at start, not silently in a step).
+``VLLM_INTERNALS`` lists the internals of runner V1 this module reads or writes; ``check_vllm`` refuses an engine
+where one has moved, so a vLLM upgrade fails loudly at start, not silently in a step.
 
 Only tensor-parallel rank 0 (the driver) drafts: vLLM's scheduler takes draft tokens from that rank's output and
 broadcasts them with the next step, so the other ranks return placeholders of the right shape. That holds with
@@ -25,6 +25,7 @@ from vllm.v1.spec_decode.eagle import EagleProposer
 from vllm.v1.utils import CpuGpuBuffer
 
 from actors.messages import DraftStep
+from actors.verifier import vllm_internals
 from actors.verifier.prefix import PromptAnnouncer
 from actors.verifier.speculation import Speculation
 from actors.verifier.step_rows import mm_rows, prompt_roles, step_input_ids, step_seqs
@@ -46,23 +47,7 @@ VLLM_INTERNALS = (
 
 def check_vllm() -> None:
     """``RuntimeError`` naming each of ``VLLM_INTERNALS`` this vLLM lacks."""
-    import dataclasses
-    import importlib
-
-    missing = []
-    for path, attr in VLLM_INTERNALS:
-        module, _, name = path.partition(":")
-        try:
-            cls = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError):
-            missing.append(f"{path}.{attr}")
-            continue
-        fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
-        if not hasattr(cls, attr) and attr not in fields:
-            missing.append(f"{path}.{attr}")
-    if missing:
-        raise RuntimeError(f"eagle_cluster verifier: this vLLM lacks {', '.join(missing)}; the remote drafter hooks "
-                           "vLLM 0.32's model runner V1 (see actors.verifier.vllm_adapter)")
+    vllm_internals.check(VLLM_INTERNALS, "model runner V1 (see actors.verifier.vllm_adapter)")
 
 
 class RemoteEagleProposer(EagleProposer):

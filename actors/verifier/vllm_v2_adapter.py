@@ -39,6 +39,7 @@ from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
 
 from actors.messages import DraftStep
+from actors.verifier import vllm_internals
 from actors.verifier.prefix import PromptAnnouncer
 from actors.verifier.speculation import Speculation
 from actors.verifier.speculator import Drafts
@@ -70,38 +71,7 @@ VLLM_V2_INTERNALS = (
 
 def check_vllm_v2() -> None:
     """``RuntimeError`` naming each of ``VLLM_V2_INTERNALS`` this vLLM lacks."""
-    import dataclasses
-    import importlib
-    import inspect
-
-    missing = []
-    for path, attr in VLLM_V2_INTERNALS:
-        module, _, name = path.partition(":")
-        try:
-            owner = importlib.import_module(module)
-            owner = getattr(owner, name) if name else owner
-        except (ImportError, AttributeError):
-            missing.append(f"{path}.{attr}")
-            continue
-        known = {f.name for f in dataclasses.fields(owner)} if dataclasses.is_dataclass(owner) else set()
-        if inspect.isclass(owner) and not dataclasses.is_dataclass(owner) and not hasattr(owner, attr):
-            known |= _assigned_in_init(owner)
-        if not hasattr(owner, attr) and attr not in known:
-            missing.append(f"{path}.{attr}")
-    if missing:
-        raise RuntimeError(f"eagle_cluster verifier: this vLLM lacks {', '.join(missing)}; the remote drafter hooks "
-                           "vLLM 0.32's model runner V2 (see actors.verifier.vllm_v2_adapter)")
-
-
-def _assigned_in_init(cls: type) -> set[str]:
-    """The ``self.X`` names a class's ``__init__`` assigns (instance attributes a class object does not show)."""
-    import inspect
-    import re
-
-    try:
-        return set(re.findall(r"self\.(\w+)\s*[:=]", inspect.getsource(cls.__init__)))
-    except (OSError, TypeError):
-        return set()
+    vllm_internals.check(VLLM_V2_INTERNALS, "model runner V2 (see actors.verifier.vllm_v2_adapter)")
 
 
 @dataclass
@@ -128,7 +98,7 @@ class RemoteSpeculatorV2(BaseSpeculator):
         self.live = False  # warm-up and profiling steps propose nothing (``RemoteDraftWorker``)
         self.prompts = PromptAnnouncer(vllm_config.cache_config.block_size,
                                        bool(vllm_config.cache_config.enable_prefix_caching))
-        self.new_requests: dict[str, Any] = {}  # req_id -> vLLM's NewRequestData, until its prompt is announced
+        self.new_requests: dict[str, Any] = {}  # req_id -> vLLM's NewRequestData (prompt, images), until finished
         self._mm_capable = bool(vllm_config.model_config.supports_multimodal_inputs)
         self._placeholders = torch.zeros(vllm_config.scheduler_config.max_num_seqs, self.num_speculative_steps,
                                          dtype=torch.int64, device=device)
@@ -155,8 +125,8 @@ class RemoteSpeculatorV2(BaseSpeculator):
 
     @property
     def supports_mm_inputs(self) -> bool:
-        """V2 gathers image embeddings for the drafter when this says so: while a request of the batch still has
-        image positions ahead of what it computed."""
+        """V2 gathers image embeddings for the drafter when this says so: while a running request still has image
+        positions ahead of what it computed."""
         if not (self._mm_capable and self.ship_mm_embeds and self.speculation is not None):
             return False
         computed = self.req_states.num_computed_tokens_np
