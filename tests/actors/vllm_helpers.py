@@ -36,6 +36,36 @@ def target_only(prompts, params, **engine):
         close(llm)
 
 
+def remote_run(namespace: str, head, method: str, prompts, params, name: str, k: int = 3, branches=None,
+               actor_name: str | None = None, **engine):
+    """(tokens, vLLM's counters, each rank's ``eagle_cluster_stats`` with its ``eagle_cluster_counters`` under
+    ``"counters"``) of a verifier drafting through a drafter actor named ``name`` (``branches``: pipelined drafting;
+    ``actor_name``: the verifier looks for that name instead, and no actor is started)."""
+    import ray
+
+    from actors.drafter.actor import start_drafter_actor
+    from actors.drafter.config import DrafterEngineConfig, DrafterSettings
+    from actors.verifier.engine import make_verifier_llm
+
+    settings = DrafterSettings(str(head), str(TARGET), engine=DrafterEngineConfig(branches=branches))
+    actor = start_drafter_actor(settings, name=name, namespace=namespace) if actor_name is None else None
+    client = {"actor": actor_name or name, "namespace": namespace}
+    if actor_name is not None:
+        client["start_wait_s"] = 0.5
+    spec = {"method": method, "model": str(head), "num_speculative_tokens": k}
+    llm = make_verifier_llm(str(TARGET), spec, client, **engine)
+    try:
+        tokens, stats = run(llm, prompts, params)
+        rpc = llm.collective_rpc("eagle_cluster_stats")
+        for r, counters in zip(rpc, llm.collective_rpc("eagle_cluster_counters"), strict=True):
+            r["counters"] = counters  # what /metrics reads
+    finally:
+        close(llm)
+        if actor is not None:
+            ray.kill(actor)
+    return tokens, stats, rpc
+
+
 def reference(num_prompts: int, max_tokens: int) -> dict[str, list[int]]:
     """vLLM target-only greedy token ids for the first ``num_prompts`` shipped prompts (``load_prompts``): what
     every served output must equal, token for token."""

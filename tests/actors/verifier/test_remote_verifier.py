@@ -57,18 +57,7 @@ ASYNC = BranchConfig(bonus_fanout=2, recovered_fanout=1)  # asynchronous draftin
 
 
 def remote_run(ray_cluster, head, method, prompts, params, name, branches=None, **engine):
-    settings = DrafterSettings(str(head), str(TARGET), engine=DrafterEngineConfig(branches=branches))
-    actor = start_drafter_actor(settings, name=name, namespace=NS)
-    llm = make_verifier_llm(str(TARGET), spec(head, method), {"actor": name, "namespace": NS}, **engine)
-    try:
-        tokens, stats = vh.run(llm, prompts, params)
-        rpc = llm.collective_rpc("eagle_cluster_stats")
-        for r, counters in zip(rpc, llm.collective_rpc("eagle_cluster_counters"), strict=True):
-            r["counters"] = counters  # what /metrics reads
-    finally:
-        vh.close(llm)
-        ray.kill(actor)
-    return tokens, stats, rpc
+    return vh.remote_run(NS, head, method, prompts, params, name, K, branches, **engine)
 
 
 @pytest.mark.parametrize(("head", "method"), [(EAGLE1, "eagle"), (EAGLE3, "eagle3")], ids=["eagle1", "eagle3"])

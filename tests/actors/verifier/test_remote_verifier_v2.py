@@ -38,7 +38,7 @@ import ray  # noqa: E402
 
 from actors.drafter.actor import start_drafter_actor  # noqa: E402
 from actors.drafter.branches import BranchConfig  # noqa: E402
-from actors.drafter.config import DrafterEngineConfig, DrafterSettings  # noqa: E402
+from actors.drafter.config import DrafterSettings  # noqa: E402
 from actors.metrics import ProposerStats  # noqa: E402
 from actors.verifier.engine import make_verifier_llm  # noqa: E402
 from tests.actors import vllm_helpers as vh  # noqa: E402
@@ -91,20 +91,7 @@ def spec(head, method):
 
 
 def remote_run(head, method, prompts, params, name, branches=None, actor_name=None, **engine):
-    """(tokens, vLLM's counters, each rank's ``eagle_cluster_stats``) of a V2 verifier drafting through a drafter
-    actor (``actor_name``: the verifier looks for that name instead; none is started under it)."""
-    settings = DrafterSettings(str(head), str(TARGET), engine=DrafterEngineConfig(branches=branches))
-    actor = start_drafter_actor(settings, name=name, namespace=NS) if actor_name is None else None
-    client = {"actor": actor_name or name, "namespace": NS, "start_wait_s": 0.5}
-    llm = make_verifier_llm(str(TARGET), spec(head, method), client, **engine)
-    try:
-        tokens, stats = vh.run(llm, prompts, params)
-        rpc = llm.collective_rpc("eagle_cluster_stats")
-    finally:
-        vh.close(llm)
-        if actor is not None:
-            ray.kill(actor)
-    return tokens, stats, rpc
+    return vh.remote_run(NS, head, method, prompts, params, name, K, branches, actor_name, **engine)
 
 
 def driver(rpc) -> dict:
