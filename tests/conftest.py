@@ -82,3 +82,15 @@ def ray_cluster(request):
     ray.init(namespace=request.module.NS, num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """A test module that starts vLLM engines or a Ray cluster must be ``pytest.mark.isolated`` (its own process:
+    ``tests.run_isolated``); collection fails naming the module and what starts them."""
+    from tests.run_isolated import unisolated_starters
+
+    paths = sorted({Path(str(item.fspath)) for item in items if Path(str(item.fspath)).name.startswith("test_")})
+    if offenders := unisolated_starters(paths):
+        lines = [f"{module}: {', '.join(what)}" for module, what in offenders.items()]
+        raise pytest.UsageError("these test modules start vLLM engines or Ray but are not marked "
+                                "pytest.mark.isolated:\n  " + "\n  ".join(lines))

@@ -36,6 +36,38 @@ def isolated_modules() -> list[str]:
     return out
 
 
+# Calls that start a vLLM engine or a Ray cluster (their last dotted names), and the fixture that starts Ray.
+STARTERS = {"ray.init", "serve.run", "make_llm", "make_verifier_llm", "LLM", "AsyncLLM.from_engine_args",
+            "start_drafter_actor", "target_only", "remote_run", "Cluster"}
+STARTER_FIXTURES = {"ray_cluster"}
+
+
+def starts_engines_or_ray(path: Path) -> list[str]:
+    """What in the test module ``path`` starts a vLLM engine or a Ray cluster, by reading it (calls in
+    ``STARTERS``, test functions taking a fixture in ``STARTER_FIXTURES``); empty when nothing does. A static
+    check: a helper that starts one out of sight is not seen."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            name = ast.unparse(node.func)
+            if name in STARTERS or name.rsplit(".", 1)[-1] in STARTERS:
+                found.add(name)
+        elif isinstance(node, ast.FunctionDef):
+            found |= {f"fixture {a.arg}" for a in node.args.args if a.arg in STARTER_FIXTURES}
+    return sorted(found)
+
+
+def unisolated_starters(paths: list[Path]) -> dict[str, list[str]]:
+    """Test modules among ``paths`` that start engines or Ray without ``pytest.mark.isolated``, with what does."""
+    isolated = set(isolated_modules())
+    out = {}
+    for path in paths:
+        rel = str(path.resolve().relative_to(ROOT))
+        if rel not in isolated and (starters := starts_engines_or_ray(path)):
+            out[rel] = starters
+    return out
+
+
 def run(args: list[str], extra: list[str], xml: Path) -> int:
     cmd = [sys.executable, "-m", "pytest", "-q", f"--junitxml={xml}", *args, *extra]
     print("$", " ".join(cmd[2:]), flush=True)

@@ -28,6 +28,19 @@ def test_drive_counts_tokens_per_ms_of_a_fixed_k() -> None:
 
 def test_the_command_line_has_one_subcommand_per_comparison() -> None:
     p = offline.parser()
-    for run in ("colocated", "disaggregated", "multimodal", "drafter-speed", "draft-length-sim"):
+    for run in ("colocated", "disaggregated", "multimodal", "drafter-speed", "draft-length-sim", "runners"):
         assert p.parse_args([run]).run == run
-    assert set(offline.RUNS) == {"colocated", "disaggregated", "multimodal", "drafter-speed", "draft-length-sim"}
+    assert set(offline.RUNS) == {"colocated", "disaggregated", "multimodal", "drafter-speed", "draft-length-sim",
+                                 "runners", "runner-arm"}
+
+
+def test_runners_arms_name_a_runner_each() -> None:
+    """``runners`` starts one ``runner-arm`` process per arm: V1, V2, and V2 with asynchronous scheduling."""
+    p = offline.parser()
+    assert p.parse_args(["runners"]).arms == ["v1", "v2", "v2-async"]
+    arm = p.parse_args(["runner-arm", "--arm", "v2-async", "--out", "x.json"])
+    assert (arm.arm, arm.out, arm.concurrency) == ("v2-async", "x.json", [1, 8])
+    assert {name: flag for name, (flag, _) in offline.RUNNER_ARMS.items()} == {"v1": "0", "v2": "1", "v2-async": "1"}
+    assert offline.RUNNER_ARMS["v2-async"][1] == {"async_scheduling": True}
+    with pytest.raises(SystemExit):
+        p.parse_args(["runner-arm", "--out", "x.json"])  # which arm is required

@@ -26,6 +26,7 @@ from actors.messages import (
 from actors.verifier.remote_speculator import RemoteSpeculator
 from actors.verifier.speculator import Drafts, Short
 
+pytestmark = pytest.mark.isolated  # starts Ray (tests.run_isolated)
 K, VOCAB = 3, 100
 
 

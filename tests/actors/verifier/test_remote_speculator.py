@@ -17,6 +17,7 @@ from actors.verifier.drafters import ActorFinder
 from actors.verifier.remote_speculator import RemoteSpeculator, build_speculator
 from actors.verifier.speculator import Drafts, Short
 
+pytestmark = pytest.mark.isolated  # starts Ray (tests.run_isolated)
 K = 3
 ASYNC = {"bonus_fanout": 2, "recovered_fanout": 1}
 
