@@ -6,13 +6,18 @@ and the work's time lands in whichever later call waits for the device. ``ms_sin
 where this project records step timings: the verifier's worker (``forward_ms``, ``sample_ms``, vLLM's own
 drafter's propose), the remote proposer (``propose_ms``), the drafter (``compute_ms``, the branch pass).
 
-The wait costs each timed CUDA step a host stall until the queue drains (the next call's launches no longer
-overlap this call's tail), a few tens of microseconds; timings are what benchmarks read, so they are taken always.
+The wait costs each timed CUDA call a host stall until the queue drains (the next call's launches no longer
+overlap this call's tail). The drafter's calls pay it (their drafts are read back at once anyway). The verifier's
+worker, whose steps must not stall (asynchronous scheduling overlaps a step's host work with the previous step's
+device work), records ``DeviceSpans`` instead: two CUDA events per call, read only when the timings are read.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -27,3 +32,38 @@ def ms_since(start: float, device: torch.device | str | None) -> float:
     """Milliseconds from ``start`` (``time.perf_counter()``) until the work queued on ``device`` is done."""
     synchronize(device)
     return (time.perf_counter() - start) * 1e3
+
+
+class DeviceSpans:
+    """Durations (ms) of calls until the device finished their work, taken without waiting for it: on CUDA, events
+    recorded before and after each call on the current stream, resolved when ``values`` is read (which waits for
+    the last one); elsewhere the host clock (a CPU call returns when its work is done). The latest ``maxlen``."""
+
+    def __init__(self, maxlen: int) -> None:
+        self._spans: deque[float | tuple[Any, Any]] = deque(maxlen=maxlen)
+
+    def time(self, device: torch.device | str | None, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, its span recorded."""
+        if device is None or torch.device(device).type != "cuda":
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._spans.append((time.perf_counter() - start) * 1e3)
+        begin = torch.cuda.Event(enable_timing=True)
+        begin.record()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._spans.append((begin, end))
+
+    def values(self) -> list[float]:
+        return [s if isinstance(s, float) else float(s[0].elapsed_time(s[1])) for s in self._spans]
+
+    def clear(self) -> None:
+        self._spans.clear()
+
+    def __len__(self) -> int:
+        return len(self._spans)

@@ -41,7 +41,7 @@ else:  # pragma: no cover - GPU
 
 from actors import engine_spin, vllm_fixes
 from actors.metrics import ProposerStats
-from actors.timing import ms_since
+from actors.timing import DeviceSpans, ms_since
 from actors.verifier.draft_handoff import mark_no_drafts
 from actors.verifier.draft_length import StepDraftLength, build_draft_length
 from actors.verifier.options import ASYNC_SCHEDULING, PIPELINE_PARALLEL
@@ -100,8 +100,8 @@ def _remote_speculator_v2() -> Iterator[None]:
 class StepSplit:
     """The worker's time split of each step (for benchmarks), bounded; ``eagle_cluster_reset_stats`` clears it."""
 
-    forward_ms: deque[float] = dataclasses.field(default_factory=lambda: deque(maxlen=MAX_TIMINGS))  # execute_model
-    sample_ms: deque[float] = dataclasses.field(default_factory=lambda: deque(maxlen=MAX_TIMINGS))  # sample_tokens
+    forward_ms: DeviceSpans = dataclasses.field(default_factory=lambda: DeviceSpans(MAX_TIMINGS))  # execute_model
+    sample_ms: DeviceSpans = dataclasses.field(default_factory=lambda: DeviceSpans(MAX_TIMINGS))  # sample_tokens
     period_ms: deque[float] = dataclasses.field(default_factory=lambda: deque(maxlen=MAX_TIMINGS))  # step to step
     # vLLM's own drafter (colocated baselines): (batch size, rows, ms) of each propose call
     local_propose: deque[tuple[int, int, float]] = dataclasses.field(default_factory=lambda: deque(maxlen=MAX_TIMINGS))
@@ -113,7 +113,8 @@ class StepSplit:
     def to_dict(self) -> dict[str, list]:
         """``forward_ms``: the target forward; ``sample_ms``: rejection sampling + propose; ``period_ms``: step to
         step, while busy; ``local_propose``: vLLM's own drafter, (batch, rows, ms) per call."""
-        return {f.name: list(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {f.name: v.values() if isinstance(v := getattr(self, f.name), DeviceSpans) else list(v)
+                for f in dataclasses.fields(self)}
 
 
 class RemoteDraftWorker(_PlatformWorker):
@@ -132,13 +133,12 @@ class RemoteDraftWorker(_PlatformWorker):
         slot = getattr(runner, "speculator", None) if is_v2_runner(runner) else getattr(runner, "drafter", None)
         return slot if isinstance(slot, RemoteEagleProposer | RemoteSpeculatorV2) else None
 
-    def _timed(self, samples: deque[float], method, *args: Any, **kwargs: Any):
-        """``method``'s result; its time until the device finished its work goes to ``samples`` (``ms_since``)."""
-        start = time.perf_counter()
-        try:
+    def _timed(self, spans: DeviceSpans, method, *args: Any, **kwargs: Any):
+        """``method``'s result; on tensor-parallel rank 0 its device span goes to ``spans``, taken without waiting
+        for the device (``actors.timing.DeviceSpans``: a step never stalls for its own timing)."""
+        if getattr(self, "rank", 0) != 0:
             return method(*args, **kwargs)
-        finally:
-            samples.append(ms_since(start, getattr(self, "device", None)))
+        return spans.time(getattr(self, "device", None), method, *args, **kwargs)
 
     def execute_model(self, scheduler_output, *args: Any, **kwargs: Any):
         if (adapter := self.adapter) is not None:

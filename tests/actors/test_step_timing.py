@@ -1,10 +1,11 @@
-"""Step timings mean "until the work is done" on CUDA as on a CPU (``actors.timing``): the timed calls wait for
-the device before reading the clock when it is a CUDA device, and never on a CPU. Checked with
-``torch.cuda.synchronize`` replaced by a recorder (no GPU needed); no durations are asserted."""
+"""Step timings mean "until the work is done" on CUDA as on a CPU (``actors.timing``): the drafter's timed calls
+wait for the device before reading the clock when it is a CUDA device, and never on a CPU; the verifier's worker
+records CUDA events instead and never waits (its steps must not stall), on tensor-parallel rank 0 only. Checked with
+``torch.cuda.synchronize`` and ``torch.cuda.Event`` replaced by recorders (no GPU needed); no durations are
+asserted."""
 
 from __future__ import annotations
 
-from collections import deque
 from types import SimpleNamespace
 
 import numpy as np
@@ -34,23 +35,55 @@ def test_synchronize_on_cuda_only(syncs):
     assert syncs[-1] == "cuda:0"  # a duration on CUDA is read after the device finished
 
 
-def test_worker_times_until_the_device_is_done(monkeypatch, syncs):
-    """forward_ms and sample_ms end after the device finished the call's work."""
-    from actors.verifier import worker
+class FakeEvent:
+    """``torch.cuda.Event`` as the worker uses it: ``record`` logged, ``elapsed_time`` 2.5 ms (and logged)."""
 
     log: list[str] = []
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+
+    def record(self) -> None:
+        FakeEvent.log.append("record")
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        FakeEvent.log.append("read")
+        return 2.5
+
+
+def _worker(monkeypatch, log: list[str], rank: int = 0):
+    from actors.verifier import worker
+
     monkeypatch.setattr(worker._PlatformWorker, "__init__", lambda self, *a, **k: None)
     monkeypatch.setattr(worker._PlatformWorker, "execute_model", lambda self, out, *a, **k: log.append("forward"))
     monkeypatch.setattr(worker._PlatformWorker, "sample_tokens", lambda self, *a, **k: log.append("sample"))
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: (log.append("sync"), syncs.append(device)))
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    FakeEvent.log = log
     w = worker.RemoteDraftWorker()
-    w.device = torch.device("cuda", 2)
+    w.device, w.rank = torch.device("cuda", 2), rank
     w.model_runner = SimpleNamespace(drafter=None)
+    return w
+
+
+def test_worker_times_its_steps_on_the_device_without_waiting(monkeypatch, syncs):
+    """forward_ms and sample_ms are device spans between two events around each call; nothing waits for the device
+    while the step runs, and the spans are resolved when the statistics are read."""
+    log: list[str] = []
+    w = _worker(monkeypatch, log)
     w.execute_model(SimpleNamespace(total_num_scheduled_tokens=4, finished_req_ids=set()))
     w.sample_tokens(None)
-    assert log == ["forward", "sync", "sample", "sync"]
-    assert syncs == [torch.device("cuda", 2)] * 2
+    assert log == ["record", "forward", "record", "record", "sample", "record"] and syncs == []
     assert (len(w.split.forward_ms), len(w.split.sample_ms)) == (1, 1)
+    split = w.split.to_dict()
+    assert split["forward_ms"] == split["sample_ms"] == [2.5] and log[-2:] == ["read", "read"]
+
+
+def test_only_rank_0_times_its_steps(monkeypatch, syncs):
+    log: list[str] = []
+    w = _worker(monkeypatch, log, rank=1)
+    w.execute_model(SimpleNamespace(total_num_scheduled_tokens=4, finished_req_ids=set()))
+    w.sample_tokens(None)
+    assert log == ["forward", "sample"] and len(w.split.forward_ms) == 0 and syncs == []
 
 
 def test_drafter_times_until_the_device_is_done(toy_heads, monkeypatch):
@@ -81,10 +114,10 @@ def test_worker_without_a_device_yet_times_on_the_host(syncs):
     from actors.verifier import worker
 
     w = object.__new__(worker.RemoteDraftWorker)
-    samples: deque[float] = deque(maxlen=2)
+    spans = timing.DeviceSpans(maxlen=2)
     for _ in range(3):
-        w._timed(samples, lambda: None)
-    assert len(samples) == 2 and syncs == []
+        w._timed(spans, lambda: None)
+    assert len(spans) == 2 and syncs == [] and all(ms >= 0 for ms in spans.values())
 
 
 def test_remote_step_is_timed_when_its_drafts_are_read(monkeypatch):
