@@ -88,6 +88,36 @@ def step_input_ids(
     return shifted[rows].cpu().numpy().astype(np.int32)
 
 
+def packed_step_rows(
+    query_start_loc: np.ndarray,  # [B + 1] (host)
+    query_start_loc_dev: torch.Tensor,  # [B + 1] the same, on the step's device
+    num_rejected: torch.Tensor,  # [B] draft slots each sequence had rejected this step (device)
+    positions: torch.Tensor,  # [N] (device)
+    input_ids: torch.Tensor,  # [N] the step's scheduled tokens (device)
+    next_token_ids: torch.Tensor,  # [B] the token after each sequence's last accepted row (device)
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``step_rows``, ``step_seqs``' first positions and ``step_input_ids`` for model runner V2, whose rejected rows
+    stay in place (``num_rejected`` says how many end each sequence), with one device-to-host copy: the rejected
+    counts, each sequence's first position and the shifted input ids of all N rows travel back together, and the rows
+    are chosen on the host. Returns (rows [kept] int64, counts [B], first positions [B], input ids [kept] int32).
+
+    Worked example: query_start_loc [0, 3, 5], num_rejected [1, 0], positions [10, 11, 12, 0, 1], input ids
+    [100, 101, 102, 200, 201], next tokens [77, 55] -> rows [0, 1, 3, 4], counts [2, 2], first positions [10, 0],
+    input ids [101, 77, 201, 55]."""
+    batch, num_tokens = len(query_start_loc) - 1, int(query_start_loc[-1])
+    qsl = query_start_loc_dev[: batch + 1].long()
+    shifted = torch.zeros(num_tokens, dtype=torch.int64, device=input_ids.device)
+    shifted[:-1] = input_ids[1:num_tokens]
+    shifted[qsl[1:] - 1 - num_rejected[:batch].long()] = next_token_ids.long()
+    host = torch.cat([num_rejected[:batch].long(), positions[qsl[:-1]].long(), shifted]).cpu().numpy()
+    rejected, first, shifted_host = host[:batch], host[batch: 2 * batch], host[2 * batch:]
+    starts = np.asarray(query_start_loc[:-1], dtype=np.int64)
+    counts = np.asarray(query_start_loc[1:], dtype=np.int64) - starts - rejected
+    offsets = np.cumsum(counts) - counts
+    rows = np.repeat(starts - offsets, counts) + np.arange(int(counts.sum()))
+    return rows, counts, first, shifted_host[rows].astype(np.int32)
+
+
 def mm_rows(
     mm_embed_inputs: tuple[list[torch.Tensor], torch.Tensor] | None,
     rows: torch.Tensor,  # [num_kept] rows shipped, indices into the step's scheduled tokens (cpu)

@@ -38,12 +38,12 @@ import torch
 from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
 
-from actors.messages import DraftStep
+from actors.messages import DraftStep, SeqSlice
 from actors.verifier import vllm_internals
 from actors.verifier.prefix import PromptAnnouncer
 from actors.verifier.speculation import Speculation
 from actors.verifier.speculator import Drafts
-from actors.verifier.step_rows import mm_rows, prompt_roles, step_input_ids, step_seqs
+from actors.verifier.step_rows import mm_rows, packed_step_rows, prompt_roles
 from actors.wire import encode_hidden
 
 logger = logging.getLogger(__name__)
@@ -167,23 +167,25 @@ class RemoteSpeculatorV2(BaseSpeculator):
         speculation = self.speculation
         if speculation is None or speculation.without_drafter(num_reqs):
             return placeholders
-        # Sequence i's rows: its scheduled tokens up to its last accepted one (V2 keeps rejected rows in place).
-        qsl = torch.from_numpy(np.asarray(input_batch.query_start_loc_np[: num_reqs + 1], dtype=np.int64))
-        last = qsl[1:] - 1 - num_rejected[:num_reqs].cpu().long()  # the step's one small readback
-        rows, seqs = step_seqs(self._batch.req_ids, qsl, last, input_batch.positions)
+        # Sequence i's rows: its scheduled tokens up to its last accepted one (V2 keeps rejected rows in place). The
+        # token after its last row: the sampled one, or the next prompt token of a prompt chunk.
+        idx = input_batch.idx_mapping[:num_reqs]
+        next_ids = torch.where(num_sampled[:num_reqs] > 0, last_sampled[idx, 0].long(),
+                               next_prefill_tokens.view(-1, last_sampled.shape[0])[0][idx].long())
+        qsl = np.asarray(input_batch.query_start_loc_np[: num_reqs + 1], dtype=np.int64)
+        rows_np, counts, first, input_ids = packed_step_rows(  # the step's one device-to-host copy
+            qsl, input_batch.query_start_loc, num_rejected, input_batch.positions, input_batch.input_ids, next_ids)
+        offsets = np.cumsum(counts) - counts
+        seqs = [SeqSlice(rid, int(off), int(n), int(pos))
+                for rid, off, n, pos in zip(self._batch.req_ids, offsets, counts, first, strict=True)]
         seqs, in_prefill = prompt_roles(seqs, input_batch.prefill_len_np[:num_reqs])
+        rows = torch.from_numpy(rows_np)
 
         def build(k: int) -> tuple[DraftStep, torch.Tensor]:
-            idx = input_batch.idx_mapping[:num_reqs]
-            # The token after each sequence's last row: the sampled one, or the next prompt token of a prompt chunk.
-            next_ids = torch.where(num_sampled[:num_reqs] > 0, last_sampled[idx, 0].to(torch.int64),
-                                   next_prefill_tokens.view(-1, last_sampled.shape[0])[0][idx].to(torch.int64))
-            rows_dev = rows.to(self.device)
-            step = DraftStep(speculation.stats.steps, k, seqs,
-                             step_input_ids(input_batch.input_ids, next_ids, qsl, last, rows_dev))
+            step = DraftStep(speculation.stats.steps, k, seqs, input_ids)
             self.prompts.attach(step, self.new_requests)  # prefix caching: first steps carry prompts
             hidden = torch.cat(aux_hidden_states, dim=-1) if self.eagle3 and aux_hidden_states else last_hidden_states
-            hidden = hidden[rows_dev]
+            hidden = hidden[rows.to(self.device)]
             self._attach_images(step, mm_inputs, rows, int(qsl[-1]), hidden.dtype)
             return step, hidden
 

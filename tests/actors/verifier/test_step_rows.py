@@ -55,3 +55,15 @@ def test_rows_pair_each_position_with_the_token_after_it():
     step = s.speculator.steps[-1]
     assert step.input_ids.tolist() == [b, c]
     assert [(x.start_position, x.num_tokens) for x in step.seqs] == [(7, 2)]
+
+
+def test_packed_step_rows_worked_example():
+    """Model runner V2's rows (rejected rows left in place) with one readback: the docstring's example."""
+    from actors.verifier.step_rows import packed_step_rows
+
+    qsl = np.array([0, 3, 5])
+    positions, tokens = torch.tensor([10, 11, 12, 0, 1]), torch.tensor([100, 101, 102, 200, 201])
+    rows, counts, first, ids = packed_step_rows(qsl, torch.from_numpy(qsl), torch.tensor([1, 0]), positions, tokens,
+                                                torch.tensor([77, 55]))
+    assert rows.tolist() == [0, 1, 3, 4] and counts.tolist() == [2, 2] and first.tolist() == [10, 0]
+    assert ids.tolist() == [101, 77, 201, 55] and ids.dtype == np.int32

@@ -52,7 +52,8 @@ def make(async_scheduling: bool, fake: FakeSpeculator | None = None) -> tuple[Re
 def propose(adapter: RemoteSpeculatorV2, **kwargs) -> torch.Tensor:
     batch = SimpleNamespace(
         num_reqs=2, req_ids=["a", "b"], idx_mapping=torch.tensor([5, 2]), idx_mapping_np=np.array([5, 2], np.int32),
-        query_start_loc_np=np.array([0, 3, 5], np.int32), prefill_len_np=np.array([4, 6], np.int32),
+        query_start_loc_np=np.array([0, 3, 5], np.int32), query_start_loc=torch.tensor([0, 3, 5], dtype=torch.int32),
+        prefill_len_np=np.array([4, 6], np.int32),
         positions=torch.tensor([10, 11, 12, 0, 1]),
         input_ids=torch.tensor([100, 101, 102, 200, 201], dtype=torch.int32))
     last_sampled = torch.zeros(MAX_REQS, 1, dtype=torch.int64)
@@ -82,6 +83,32 @@ def test_a_step_ships_each_sequences_accepted_rows_with_the_token_after_each():
     assert (b.req_id, b.start, b.num_tokens, b.start_position, b.role) == ("b", 2, 2, 0, SeqRole.CONTEXT)
     # EAGLE-3: the aux layers side by side, rows 0, 1, 3, 4
     assert fake.hidden[-1][:, 0].tolist() == [0, 1, 3, 4] and fake.hidden[-1][:, WIDTH].tolist() == [0, 2, 6, 8]
+
+
+class HostReads(torch.overrides.TorchFunctionMode):
+    """Counts the calls that read a tensor back to the host (on a GPU each waits for the device). A ``.to`` cannot be
+    told apart here (every tensor is on the CPU), and the adapter reads back with ``.cpu()`` only."""
+
+    READS = {"cpu", "item", "tolist", "numpy"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in self.READS:
+            self.reads.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_step_reads_back_once_before_its_hidden_rows():
+    """What the step needs on the host (rejected counts, first positions, input ids) comes back in one copy; the
+    hidden rows stay on the device (the speculator sends them)."""
+    adapter, fake = make(async_scheduling=False)
+    with HostReads() as mode:
+        propose(adapter)
+    assert mode.reads == ["cpu", "numpy"] and not fake.hidden[-1].is_meta  # one copy: .cpu(), then its numpy view
 
 
 @pytest.mark.parametrize("why", ["dummy-run", "warming-up"])
