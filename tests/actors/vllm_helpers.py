@@ -98,3 +98,15 @@ def chi_square_two_sample(a: Counter, b: Counter, min_count: int = 5) -> tuple[f
     df = max(1, len(rows) - 1)
     p = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2.0)))
     return stat, df, p if not math.isnan(p) else 0.0
+
+
+def assert_same_distribution(ref: list[list[int]], got: list[list[int]], positions=(1, 2, 3)) -> None:
+    """Sampled continuations ``got`` follow the distribution of ``ref`` (target-only) at each of ``positions``
+    (chi-square, p > 1e-3); and the test can tell: ``ref`` against a greedy-like sample of its most common token
+    gives p < 1e-6."""
+    for pos in positions:
+        stat, df, p = chi_square_two_sample(Counter(t[pos] for t in ref), Counter(t[pos] for t in got))
+        assert p > 1e-3, (pos, stat, df, p)
+    first = Counter(t[positions[0]] for t in ref)
+    greedy_like = Counter({first.most_common(1)[0][0]: len(ref)})
+    assert chi_square_two_sample(first, greedy_like)[2] < 1e-6
