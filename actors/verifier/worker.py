@@ -85,8 +85,6 @@ def _remote_speculator_v2() -> Iterator[None]:
     runner inside ``init_device``, the GPU worker in ``_make_model_runner``)."""
     import vllm.v1.worker.gpu.model_runner as v2
 
-    from actors.verifier.vllm_v2_adapter import RemoteSpeculatorV2
-
     original = v2.init_speculator
     v2.init_speculator = lambda vllm_config, device, req_states, *a, **kw: RemoteSpeculatorV2(
         vllm_config, device, req_states)
@@ -180,7 +178,7 @@ class RemoteDraftWorker(_PlatformWorker):
             if not v2 and getattr(runner, "drafter", None) is not None:
                 runner.drafter.propose = self._timed_local_propose(runner.drafter.propose)
             return
-        check_vllm_v2() if v2 else check_vllm()
+        (check_vllm_v2 if v2 else check_vllm)()
         pc = self.vllm_config.parallel_config
         if self.vllm_config.scheduler_config.async_scheduling and not v2:
             raise RuntimeError(f"eagle_cluster verifier: async_scheduling is on with model runner V1; "
