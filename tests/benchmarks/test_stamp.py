@@ -14,21 +14,11 @@ from pathlib import Path
 import pytest
 
 from benchmarks import stamp
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
-                          capture_output=True, text=True).stdout.strip()
+from tests.benchmarks.git_repo import git, new_repo
 
 
 def a_repo(tmp_path: Path) -> Path:
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q")
-    (repo / "a.py").write_text("x = 1\n")
-    git(repo, "add", "a.py")
-    git(repo, "commit", "-q", "-m", "one")
-    return repo
+    return new_repo(tmp_path / "repo")
 
 
 def test_the_commit_is_heads_short_hash_and_a_dirty_tree_says_so(tmp_path: Path) -> None:
