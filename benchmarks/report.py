@@ -18,6 +18,9 @@ below: its inputs, assumptions and formulas are shown on the page and its rows a
 module writes. Optional ``plot``: ``{"x": column, "y": [columns], "series": [columns], "kind": "line" | "bar",
 "logx": bool, "xlabel", "ylabel"}``; optional ``rechecked`` (e.g. ``"every CI run"``): re-measured by the suite, so
 never stale.
+A column computed from others is named ``... (derived)`` and its notes say how; core 0's (``04-cpu-split``) are
+recomputed at render (``core0_check``): an error where one does not follow, a flag in the notes where the ceiling
+is below the measured tok/s.
 
 Stale (``benchmarks.staleness``): a table is stale once a commit after its ``commit`` touches its ``sources``; the
 page says so under its title and README's row says so in its ``measured`` cell. Where git cannot tell (no history
@@ -94,8 +97,41 @@ def load(results: Path = RESULTS, repo: Path = ROOT) -> list[Table]:
         for row in table["rows"]:
             if len(row) != len(table["columns"]):
                 raise ValueError(f"{path}: row {row} has {len(row)} cells for {len(table['columns'])} columns")
+        table["checked"] = core0_check(path, table)
         tables.append(table)
     return tables
+
+
+# Core 0's derived columns (``04-cpu-split``): each follows from the measured ones, to their rounding.
+CORE0, BUSY, CEILING = "core 0 ms/token (derived)", "core 0 busy (derived)", "ceiling tok/s (derived)"
+CORE0_GROUPS = ("engine core ms/token", "worker ms/token", "serving path ms/token")
+
+
+def core0_row(cells: Mapping[str, str]) -> bool:
+    """Whether a row's derived core 0 cells follow from its measured ones (each shown rounded to its last digit)."""
+    tps, core0 = float(cells["tok/s"]), float(cells[CORE0])
+    busy, ceiling = float(cells[BUSY].rstrip("%")), float(cells[CEILING])
+    lo, hi = core0 - 0.005, core0 + 0.005
+    groups = [float(cells[g]) for g in CORE0_GROUPS if cells.get(g)]
+    return (1000 / hi - 0.05 <= ceiling <= 1000 / lo + 0.05
+            and lo * (tps - 0.05) / 10 - 0.5 <= busy <= hi * (tps + 0.05) / 10 + 0.5
+            and (len(groups) < len(CORE0_GROUPS) or abs(sum(groups) - core0) <= 0.005 * (len(groups) + 1)))
+
+
+def core0_check(path: Path, table: Table) -> str:
+    """For a table with core 0's derived columns: an error where one does not follow from the measured columns, and
+    a sentence for the notes naming the rows whose ceiling is below their measured tok/s (core 0 over 100% busy,
+    which a pinned core cannot be: its CPU time is over-counted there). "" for other tables."""
+    if not all(c in table["columns"] for c in ("tok/s", CORE0, BUSY, CEILING)):
+        return ""
+    below = []
+    for row in table["rows"]:
+        cells = dict(zip(table["columns"], row, strict=True))
+        if not core0_row(cells):
+            raise ValueError(f"{path}: row {row[:2]}: its derived columns do not follow from the measured ones")
+        if float(cells[CEILING]) < float(cells["tok/s"]):
+            below.append(f"{cells.get('mode', row[0])} at c = {cells.get('c', '?')}")
+    return f"Flagged at render: ceiling < tok/s (core 0 over 100% busy) for {', '.join(below)}." if below else ""
 
 
 # The GPU model -------------------------------------------------------------------------------------------------
@@ -193,7 +229,8 @@ def render_table(table: Table, mark: Staleness | None = None) -> list[str]:
         out += ["", "Assumptions:", ""] + [f"- {a}" for a in model["assumptions"]]
         out += ["", "Formulas (b: verifier batch; h: hit rate; d: draft step):", "", "```"]
         out += model["formulas"] + ["```", "", "Outputs (computed by `benchmarks/report.py`):", ""]
-    out += compact_table(table["columns"], table["rows"]) + ["", table["notes"], ""]
+    notes = " ".join(n for n in (table["notes"], table.get("checked")) if n)
+    out += compact_table(table["columns"], table["rows"]) + ["", notes, ""]
     if "plot" in table:
         out += [f"![{table['id']}](img/{table['id']}.png)", ""]
     return out

@@ -1,7 +1,8 @@
 """``benchmarks.report``: the results page rendered from JSON (a table, its plot, its stale mark, ``--check``), the
 sources a table must name, README's Performance table rendered between its markers, ``--check`` where git cannot tell
-which tables are stale, the GPU model's arithmetic on inputs that can be checked by hand, and the repo's own
-``docs/BENCHMARKS.md`` and README kept in step with ``docs/results``. No Ray, no vLLM, no server."""
+which tables are stale, core 0's derived columns checked, the GPU model's arithmetic on inputs that can be checked by
+hand, and the repo's own ``docs/BENCHMARKS.md`` and README kept in step with ``docs/results``. No Ray, no vLLM, no
+server."""
 
 from __future__ import annotations
 
@@ -161,6 +162,23 @@ def test_a_readme_row_must_name_a_table(tmp_path: Path) -> None:
         {"columns": ["question"], "rows": [{"table": "elsewhere", "cells": ["fast?"]}]}))
     with pytest.raises(ValueError, match="names table 'elsewhere'"):
         report.load_readme(results, report.load(results, repo))
+
+
+CPU_COLUMNS = ["mode", "c", "tok/s", "engine core ms/token", "worker ms/token", "serving path ms/token",
+               report.CORE0, report.BUSY, report.CEILING]
+
+
+def test_core_0s_derived_columns_are_checked_and_a_ceiling_below_tok_s_flagged(tmp_path: Path) -> None:
+    rows = [["cluster", "1", "83.5", "1.95", "7.04", "0.84", "9.83", "82%", "101.7"],
+            ["colocated", "8", "501.2", "0.15", "1.74", "0.14", "2.03", "102%", "493.5"]]
+    cpu = {**TABLE, "columns": CPU_COLUMNS, "rows": rows}
+    assert report.core0_check(Path("t.json"), cpu) == (
+        "Flagged at render: ceiling < tok/s (core 0 over 100% busy) for colocated at c = 8.")
+    assert report.core0_check(Path("t.json"), {**cpu, "rows": rows[:1]}) == ""
+    assert report.core0_check(Path("t.json"), TABLE) == ""  # not a table of core 0's columns
+    for i, wrong in ((8, "110.0"), (7, "90%"), (6, "9.90")):  # the ceiling, the busy share, the sum of the groups
+        with pytest.raises(ValueError, match="t.json: row"):
+            report.core0_check(Path("t.json"), {**cpu, "rows": [rows[0][:i] + [wrong] + rows[0][i + 1:]]})
 
 
 def test_a_row_of_the_wrong_width_is_refused(tmp_path: Path) -> None:
