@@ -1,8 +1,8 @@
 """``benchmarks.report``: the results page rendered from JSON (a table, its plot, its stale mark, ``--check``), the
 sources a table must name, README's Performance table rendered between its markers, ``--check`` where git cannot tell
 which tables are stale, core 0's derived columns checked, the GPU model's arithmetic on inputs that can be checked by
-hand, and the repo's own ``docs/BENCHMARKS.md`` and README kept in step with ``docs/results``. No Ray, no vLLM, no
-server."""
+hand, the repo's own ``docs/BENCHMARKS.md`` and README kept in step with ``docs/results``, and every citation of a
+section of the page naming one it has. No Ray, no vLLM, no server."""
 
 from __future__ import annotations
 
@@ -239,3 +239,19 @@ def test_the_model_table_is_computed_from_its_inputs() -> None:
 def test_the_repos_page_is_what_its_results_render() -> None:
     assert report.main(["--check"]) == 0, "docs/BENCHMARKS.md or README is stale: run python -m benchmarks.report"
     assert len(report.PAGE.read_bytes()) <= 25_000
+
+
+# `docs/BENCHMARKS.md`, "A heading" (or docs/BENCHMARKS.md, issue 23): a section of the page cited; not a past
+# version of it (`git show REV:docs/BENCHMARKS.md`, ...).
+CITATION = re.compile(r"(?<![:\w/])(?:docs/)?BENCHMARKS\.md`?,\s*([^)]*)")
+CITING = ["README.md", "docs/ARCHITECTURE.md", *(f"deploy/{p.name}" for p in (report.ROOT / "deploy").glob("*.yaml"))]
+
+
+def test_every_citation_of_a_section_of_the_page_names_one_it_has() -> None:
+    headings = {line.lstrip("#").strip() for line in report.PAGE.read_text().splitlines() if line.startswith("#")}
+    cited = [(path, m.group(1).strip()) for path in CITING
+             for m in CITATION.finditer((report.ROOT / path).read_text())]
+    assert cited, "no citation found: the pattern is wrong"
+    bad = [(path, what) for path, what in cited
+           if not (what.startswith('"') and what[1:].split('"')[0] in headings)]
+    assert not bad, f"citations of docs/BENCHMARKS.md naming no heading of it: {bad}"
