@@ -9,9 +9,10 @@ its synchronous step on the shipped heads on one CPU core (``step``), and what o
         [--shuffled] [--gap-ms 0 20] [--profile]
     python -m benchmarks.drafter ray-call
 
-This module imports only torch, numpy and the project's drafter code at the top (the GPU machine has no vLLM, Ray,
-pydantic or transformers; ``benchmarks/device_check.sh`` runs ``device`` there); ``step`` reads the shipped
-checkpoints and ``ray-call`` needs Ray, both imported when run.
+This module imports only torch, numpy, the project's drafter code and ``benchmarks.stamp`` at the top (the GPU
+machine has no vLLM, Ray, pydantic or transformers; ``benchmarks/device_check.sh`` runs ``device`` there); ``step``
+reads the shipped checkpoints and ``ray-call`` needs Ray, both imported when run. Each run prints the stamp's line
+first (commit, date, hardware; the machine's other busy processes where psutil is installed).
 
 ``device``: milliseconds per draft step and draft KV memory for Scout-shaped EAGLE-1 and EAGLE-3 heads, against the
 same head without a KV cache. No checkpoint files: the heads have random weights, which cost what trained ones cost.
@@ -82,6 +83,7 @@ from actors.eagle.heads import DraftHead
 from actors.eagle.layers import sdpa_attend
 from actors.eagle.spec import HeadSpec, head_spec_from_dict
 from actors.messages import DraftStep, SeqSlice
+from benchmarks import stamp
 
 K = 3
 ROWS_PER_DECODE = 2  # one accepted draft and the bonus token per sequence and step
@@ -623,8 +625,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# Where each run's processes are (the stamp's hardware).
+PLACEMENT = {"device": "the drafter engine alone in this process",
+             "step": "the drafter engine alone in this process, one torch thread",
+             "ray-call": "this driver and one Ray actor, nothing pinned"}
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    print(stamp.line(stamp.stamp(PLACEMENT[args.run])), flush=True)
     {"device": run_device, "step": run_step, "ray-call": run_ray_call}[args.run](args)
 
 

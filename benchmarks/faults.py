@@ -35,6 +35,8 @@ pinned: the verifier, the drafters and this client share the machine's cores.
 The verifier alone (no drafter application) against vLLM target-only, and fixed pools of 1 and 2 drafters, are
 served runs: ``python -m benchmarks.served --pinning none --modes target-only cluster-eagle3-nodrafter`` and
 ``--modes cluster-eagle3-d1 cluster-eagle3-d2``.
+
+Each run prints ``benchmarks.stamp``'s line first (commit, date, hardware, the machine's other busy processes).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.metrics import SpecDecodeStats, from_prometheus_text
-from benchmarks import load, modes
+from benchmarks import load, modes, stamp
 from cluster.config import APP_NAME, DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT
 from cluster.harness import HTTP, MODEL, load_prompts
 
@@ -612,6 +614,7 @@ def main(argv: list[str] | None = None) -> None:
         p.error(str(e))
     if not mode.is_cluster:
         p.error(f"--mode {mode.name}: fault runs need a cluster mode")
+    print(stamp.line(stamp.stamp("none")), flush=True)
     RUNS[args.run](args, mode, load_prompts(None, args.num_prompts))
 
 

@@ -26,7 +26,9 @@ draft-length policy in simulation. One subcommand each:
 - ``runners``: vLLM's model runner V1 against V2 (synchronous and asynchronous scheduling) for target-only and the
   cluster, each arm in a process of its own (``runner-arm``); on a CPU, V2's kernels run in Triton's interpreter.
 
-The runs that start Ray want a shared machine's ``flock /work/ray.lock``.
+Each run prints ``benchmarks.stamp``'s line first (commit, date, hardware, the machine's other busy processes);
+``--json`` files hold the same stamp with the figures under ``figures``. The runs that start Ray want a shared
+machine's ``flock /work/ray.lock``.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from benchmarks import stamp
 
 NAMESPACE = "bench-offline"
 PIN_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1"}
@@ -218,7 +222,7 @@ def runners(args: argparse.Namespace) -> None:
             ratio = (r["tokens"] / r["seconds"]) / (base["tokens"] / base["seconds"]) if base else float("nan")
             print(f"{arm} | {mode} | {c} | {r['tokens'] / r['seconds']:.1f} | {r['mal']:.2f} | {ratio:.2f}")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        Path(args.json).write_text(json.dumps({**args.stamp, "figures": results}, indent=2))
 
 
 # --- image prompts --------------------------------------------------------------------------------------------------
@@ -261,7 +265,7 @@ def multimodal(args: argparse.Namespace) -> None:
         }
     ray.shutdown()
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2, default=list))
+        Path(args.json).write_text(json.dumps({**args.stamp, "figures": results}, indent=2, default=list))
 
 
 # --- the drafter engine's step against vLLM's own draft step ------------------------------------------------------
@@ -437,8 +441,16 @@ RUNS: dict[str, Callable[[argparse.Namespace], None]] = {
     "runner-arm": runner_arm}
 
 
+# Where each run's processes are (the stamp's hardware); the rest share every core.
+PLACEMENT = {"drafter-speed": "vLLM on core 0, the drafter actor on core 1, one torch thread each",
+             "draft-length-sim": "a simulation in this process (no engine)"}
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    if args.run != "runner-arm":  # an arm is a child of ``runners``, which stamps the run
+        args.stamp = stamp.stamp(PLACEMENT.get(args.run, "none"))
+        print(stamp.line(args.stamp), flush=True)
     RUNS[args.run](args)
 
 

@@ -27,22 +27,19 @@ the mode list, so modes alternate) and runs the workloads in this order:
 (``VerifierServer.step_timings``): share of steps answered with no drafter awaited and the wait on those, target
 forward and sampling + propose, and the draft-length policy's timed periods by k and position in a run of one k.
 
-Writes ``--out``/``results.json`` (``RESULTS_SCHEMA``) and one ``table-NAME.json`` per table in the results page's
-format (``docs/results/*.json``: fill in ``id``, ``question``, ``title`` and ``notes``, then ``python -m
-benchmarks.report``); prints the tables. Fault runs: ``benchmarks.faults``.
+Writes ``--out``/``results.json`` (``RESULTS_SCHEMA``; the commit, date, hardware and the machine's other busy
+processes from ``benchmarks.stamp``) and one ``table-NAME.json`` per table in the results page's format
+(``docs/results/*.json``: fill in ``id``, ``question``, ``title`` and ``notes``, ``sources`` is ``SOURCES``, then
+``python -m benchmarks.report``); prints the tables. Fault runs: ``benchmarks.faults``.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import multiprocessing
-import os
-import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,12 +50,16 @@ from pathlib import Path
 from typing import Any
 
 from actors.metrics import SpecDecodeStats
-from benchmarks import cpu, load, modes
+from benchmarks import cpu, load, modes, stamp
 
 ROOT = Path(__file__).resolve().parent.parent
+# What a served figure measures (a table's ``sources``: ``benchmarks.report`` marks it stale once they change).
+SOURCES = ["actors", "cluster", "deploy/cpu.yaml", "pyproject.toml", "benchmarks/served.py", "benchmarks/modes.py",
+           "benchmarks/load.py", "benchmarks/cpu.py", "benchmarks/prompts.jsonl"]
 WORKLOADS = ("first-request", "idle", "first-token", "prompts", "shared-prefix", "agreement")  # in run order
 RESULTS_SCHEMA = """\
-{"command", "date", "commit", "hardware", "pinning", "workloads", "max_tokens", "num_prompts",
+{"command", "commit", "date", "hardware", "others": [{"pid", "name", "cpu_pct"}] (benchmarks.stamp: "others" absent
+ without psutil), "pinning", "workloads", "max_tokens", "num_prompts",
  "runs": [{"mode", "round", "pinned": {group: processes},
            "first_request": {"first_s", "next_median_s"}, "idle": {"groups": {group: ms/s}, "processes": [...]},
            "first_token": {"client", "client_p50", "engine", "prefill", "serving"},
@@ -311,7 +312,7 @@ def report_table(results: dict[str, Any], name: str, title: str, columns: list[s
     """A table in the results page's format (``benchmarks.report``): ``question`` and ``notes`` left to fill in."""
     table = {"id": name, "question": "", "title": title, "command": results["command"],
              "hardware": results["hardware"], "date": results["date"], "commit": results["commit"],
-             "columns": columns, "rows": rows, "notes": ""}
+             "sources": SOURCES, "columns": columns, "rows": rows, "notes": ""}
     if name == "throughput":
         table["plot"] = {"x": "c", "y": ["tok/s"], "series": [c for c in ("mode", "workload") if c in columns],
                          "kind": "line", "logx": True, "ylabel": "output tokens/s"}
@@ -339,23 +340,6 @@ def summary(results: dict[str, Any], out: Path | None = None) -> None:
 
 
 # --- the run ----------------------------------------------------------------------------------------------------
-def commit() -> str:
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    head = git("rev-parse", "--short", "HEAD") or "not recorded"
-    return head + (" (dirty tree)" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
-def hardware(pinning: str) -> str:
-    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                  if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    where = ("core 0: the verifier side (API server or Serve ingress and verifier replica, vLLM's engine core and "
-             "worker); core 1: the drafter (replica and actor); Ray's control plane and the client unbound"
-             if pinning == "strict" else "nothing pinned: every process on every core")
-    return f"{model}, {os.cpu_count()} cores; {where}"
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--modes", nargs="*", default=["target-only", "colocated-eagle3", "cluster-eagle3"],
@@ -404,8 +388,7 @@ def main(argv: list[str] | None = None,
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
         "command": shlex.join(["python", "-m", "benchmarks.served", *(argv if argv is not None else sys.argv[1:])]),
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"), "commit": commit(),
-        "hardware": hardware("none" if args.base_url else args.pinning),
+        **stamp.stamp("none" if args.base_url else args.pinning),
         "pinning": "none" if args.base_url else args.pinning, "workloads": args.workload,
         "max_tokens": args.max_tokens, "num_prompts": args.num_prompts, "runs": []}
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,9 +1,11 @@
 """``benchmarks.drafter``: ``device --small`` runs on a CPU with nothing but torch, numpy, msgpack and the drafter
-code (the GPU machine has no vLLM, Ray, pydantic, transformers, safetensors or huggingface_hub; the whole module
-imports there) and prints its figures; ``step`` times the shipped heads on a few steps."""
+code (the GPU machine has no vLLM, Ray, pydantic, transformers, safetensors, huggingface_hub or psutil; the whole
+module imports there) and prints its stamp (without ``others``) and figures; ``step`` times the shipped heads on a
+few steps."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -11,7 +13,7 @@ import pytest
 
 from tests.conftest import ROOT  # the repository root: `benchmarks` there, not tests/benchmarks
 
-ABSENT = ["vllm", "ray", "pydantic", "transformers", "safetensors", "huggingface_hub", "yaml", "cluster"]
+ABSENT = ["vllm", "ray", "pydantic", "transformers", "safetensors", "huggingface_hub", "yaml", "cluster", "psutil"]
 # Each absent package made unimportable, then the benchmark run as ``python -m`` would run it.
 RUN = (
     "import runpy, sys\n"
@@ -26,6 +28,10 @@ RUN = (
 def test_small_mode_prints_figures_without_vllm_or_ray():
     out = subprocess.run([sys.executable, "-c", RUN], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
+    first = out.stdout.splitlines()[0]
+    assert first.startswith("# stamp: ")
+    stamped = json.loads(first.removeprefix("# stamp: "))
+    assert set(stamped) == {"commit", "date", "hardware"} and "drafter engine alone" in stamped["hardware"]
     rows = [line.split(" | ") for line in out.stdout.splitlines() if line.startswith("eagle")]
     assert [(r[0], r[1], r[2]) for r in rows] == [(h, b, "16") for h in ("eagle", "eagle3") for b in ("1", "3")]
     branches = [line.split(" | ") for line in out.stdout.splitlines() if line.startswith("branches: eagle")]

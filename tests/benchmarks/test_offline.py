@@ -13,7 +13,8 @@ from benchmarks import offline
 
 def test_draft_length_sim_prints_each_batch(capsys: pytest.CaptureFixture[str]) -> None:
     offline.main(["draft-length-sim", "--seeds", "1", "--steps", "60"])
-    lines = capsys.readouterr().out.splitlines()
+    stamped, *lines = capsys.readouterr().out.splitlines()
+    assert stamped.startswith("# stamp: {") and '"commit": ' in stamped
     assert [line.split(":")[0] for line in lines] == [f"batch {b}" for b in offline.COSTS]
     for line in lines:
         assert "auto / best fixed = " in line and "steps per k = [" in line
