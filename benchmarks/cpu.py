@@ -11,8 +11,9 @@ Process groups, by the title Ray, Serve and vLLM give each process:
     control plane everything else of Ray's: GCS, raylet, the Serve controller, dashboard and its agents, log monitor
 
 CPU time is utime + stime from ``/proc/PID/stat`` (all threads), read before and after a run. ``STRICT`` is the one
-pinning scheme of the served benchmarks (``benchmarks.modes.launch``): the verifier side on core 0, the drafter on
-core 1, the control plane unbound.
+pinning scheme of the served benchmarks (``benchmarks.modes.launch``): the drafter has core 1 to itself, and
+everything else a server runs is on core 0, Ray's control plane included: a baseline has no control plane, so the
+cluster's must be paid for on the verifier's core, not on the drafter's idle one.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 import psutil
 
 GROUPS = ("engine core", "worker", "serving path", "drafter", "control plane")
-STRICT = {"engine core": {0}, "worker": {0}, "serving path": {0}, "drafter": {1}}
+STRICT = {"engine core": {0}, "worker": {0}, "serving path": {0}, "control plane": {0}, "drafter": {1}}
 TICK = os.sysconf("SC_CLK_TCK")
 
 

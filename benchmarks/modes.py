@@ -25,11 +25,12 @@ A mode's name is ``target-only``, ``colocated-METHOD`` or ``cluster-METHOD[-VARI
   drafter pool            ``nodrafter`` (the verifier application alone), ``dN`` (N drafter replicas, 0.5 CPU each)
   ======================  =================================================================================
 
-Pinning (``PINNINGS``): ``strict`` emulates "the drafter has a device of its own" on a 2-core machine: every process
-of the verifier side (vLLM's API server, or Serve's ingress and the verifier replica; vLLM's engine core and worker)
-on core 0 in every mode, the cluster's drafter (replica and actor) alone on core 1, Ray's control plane and the
-load generator unbound (``benchmarks.cpu.STRICT``), vLLM's OpenMP threads bound to core 0, one thread. ``none``:
-nothing bound, every process on every core.
+Pinning (``PINNINGS``): ``strict`` emulates "the drafter has a device of its own" on a 2-core machine: the cluster's
+drafter (replica and actor) alone on core 1, every other process of the server on core 0 in every mode (vLLM's API
+server, or Serve's ingress and the verifier replica; vLLM's engine core and worker; Ray's control plane), the load
+generator unbound (``benchmarks.cpu.STRICT``), vLLM's OpenMP threads bound to core 0, one thread. A cluster is
+pinned once its drafter processes exist (a process Ray starts later inherits the raylet's core 0). ``none``: nothing
+bound, every process on every core.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,6 +250,16 @@ class Running:
     pinned: dict[str, list[int]] = field(default_factory=dict)
 
 
+def wait_for_group(root_pid: int, group: str, timeout_s: float = 300.0, poll_s: float = 1.0) -> None:
+    """Until the server under ``root_pid`` has a process of ``group`` (``benchmarks.cpu.group_of``); raises
+    naming the group after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not any(p.group == group for p in cpu.server_processes(root_pid)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {group} process under pid {root_pid} after {timeout_s:.0f} s")
+        time.sleep(poll_s)
+
+
 @contextlib.contextmanager
 def launch(mode: Mode, pinning: str, tmp: Path, async_settings: dict[str, Any] | None = None,
            overrides: dict[str, dict[str, Any]] | None = None) -> Iterator[Running]:
@@ -260,6 +272,8 @@ def launch(mode: Mode, pinning: str, tmp: Path, async_settings: dict[str, Any] |
     proc = start(s.cmd, env={**os.environ, **s.env}, log=log)
     try:
         wait_healthy(proc, s.base, log=log)
+        if mode.is_cluster and mode.drafter_app:
+            wait_for_group(proc.pid, "drafter")
         pinned = cpu.pin(cpu.server_processes(proc.pid), cpu.STRICT) if pinning == "strict" else {}
         yield Running(proc, s.base, log, {g: pids for g, pids in pinned.items()})
     finally:

@@ -26,8 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 NOT_RECORDED = "not recorded"
 # The placement sentence of each ``--pinning`` of the served benchmarks (``benchmarks.modes.PINNINGS``).
 PINNING = {
-    "strict": "core 0: the verifier side (API server or Serve ingress and verifier replica, vLLM's engine core and "
-              "worker); core 1: the drafter (replica and actor); Ray's control plane and the client unbound",
+    "strict": "core 1: the drafter (replica and actor) alone; core 0: every other process of the server (API server or "
+              "Serve ingress and verifier replica, vLLM's engine core and worker, Ray's control plane); the client "
+              "unbound",
     "none": "nothing pinned: every process on every core",
 }
 

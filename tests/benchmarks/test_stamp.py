@@ -47,7 +47,7 @@ def test_the_stamps_fields(tmp_path: Path) -> None:
     s = stamp.stamp("strict", root=a_repo(tmp_path), window_s=0.2)
     assert set(s) == {"commit", "date", "hardware", "others"}
     assert s["date"] == datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
-    assert re.search(r", \d+ cores; core 0: the verifier side", s["hardware"])
+    assert re.search(r", \d+ cores; core 1: the drafter \(replica and actor\) alone", s["hardware"])
     assert stamp.hardware("the drafter alone").endswith("cores; the drafter alone")
     for other in s["others"]:
         assert set(other) == {"pid", "name", "cpu_pct"} and other["cpu_pct"] > 0
