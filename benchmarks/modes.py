@@ -272,9 +272,11 @@ def launch(mode: Mode, pinning: str, tmp: Path, async_settings: dict[str, Any] |
     proc = start(s.cmd, env={**os.environ, **s.env}, log=log)
     try:
         wait_healthy(proc, s.base, log=log)
-        if mode.is_cluster and mode.drafter_app:
-            wait_for_group(proc.pid, "drafter")
-        pinned = cpu.pin(cpu.server_processes(proc.pid), cpu.STRICT) if pinning == "strict" else {}
+        pinned = {}
+        if pinning == "strict":
+            if mode.is_cluster and mode.drafter_app:
+                wait_for_group(proc.pid, "drafter")
+            pinned = cpu.pin(cpu.server_processes(proc.pid), cpu.STRICT)
         yield Running(proc, s.base, log, {g: pids for g, pids in pinned.items()})
     finally:
         stop(proc)

@@ -171,16 +171,19 @@ def test_the_launcher_starts_pins_and_stops_a_server(tmp_path: Path, monkeypatch
 
 def test_a_cluster_is_pinned_once_its_drafter_process_exists() -> None:
     """``launch`` waits for the drafter's processes before pinning: one started late is found; none is an error."""
-    late_child = ("import subprocess, sys, time\ntime.sleep(0.5)\n"
+    late_child = ("import subprocess, sys, time\nsys.stdin.readline()\n"  # the drafter starts when the test says
                   "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)', 'ray::Drafter' + 'Actor'])\n"
                   "time.sleep(30)\n")
-    parent = subprocess.Popen([sys.executable, "-c", late_child], start_new_session=True)
+    parent = subprocess.Popen([sys.executable, "-c", late_child], stdin=subprocess.PIPE, start_new_session=True)
     try:
         assert not any(p.group == "drafter" for p in cpu.server_processes(parent.pid))
-        modes.wait_for_group(parent.pid, "drafter", timeout_s=20, poll_s=0.1)
+        with pytest.raises(RuntimeError, match="no drafter process under pid"):
+            modes.wait_for_group(parent.pid, "drafter", timeout_s=0.3, poll_s=0.1)
+        assert parent.stdin is not None
+        parent.stdin.write(b"start\n")
+        parent.stdin.flush()
+        modes.wait_for_group(parent.pid, "drafter", timeout_s=120, poll_s=0.1)
         assert any(p.group == "drafter" for p in cpu.server_processes(parent.pid))
-        with pytest.raises(RuntimeError, match="no worker process under pid"):
-            modes.wait_for_group(parent.pid, "worker", timeout_s=0.3, poll_s=0.1)
     finally:
         os.killpg(parent.pid, signal.SIGKILL)
         parent.wait()
