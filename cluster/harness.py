@@ -129,7 +129,7 @@ def wait_healthy(proc: subprocess.Popen, base: str = HTTP, timeout_s: float = 60
 
 
 def stop(proc: subprocess.Popen) -> float:
-    """SIGINT to the server's process group (a terminal's Ctrl-C), SIGKILL after two minutes; then ``ray stop`` (what
+    """SIGINT to the server's process group (a terminal's Ctrl-C), SIGKILL after two minutes; then ``stop_ray`` (what
     a plain ``serve run`` left). Returns the seconds from SIGINT to the server's exit.
 
     ``eagle-cluster serve`` (``cluster.serve_cli``) bounds its own stop at ``GRACE_S``; a plain ``serve run`` has no
@@ -142,9 +142,38 @@ def stop(proc: subprocess.Popen) -> float:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     took = time.monotonic() - start
-    subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True)
+    stop_ray()
     kill_orphaned_haproxy()
     return took
+
+
+def stop_ray(temp_dir: str | None = None) -> list[int]:
+    """``ray stop --force`` for the Ray sessions of one temporary folder only; returns the pids ended.
+
+    ``ray stop`` ends every Ray process on the host, whoever started it; this ends the processes whose command line
+    names a session under ``temp_dir`` (default: the folder Ray itself would use here, from ``RAY_TMPDIR`` or
+    ``TMPDIR``: ``/tmp/ray``) - the GCS, raylet, dashboard, monitors - and all their descendants (workers and Serve's
+    replicas, agents, Serve's HAProxy). A Ray started with another ``RAY_TMPDIR`` on this host is left running (the
+    test suite runs one beside a Serve app: ``tests.run_isolated``)."""
+    import psutil
+    from ray._common.utils import get_default_ray_temp_dir
+
+    session = os.path.join(temp_dir or get_default_ray_temp_dir(), "session_")
+    roots = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if p.pid != os.getpid() and any(session in arg for arg in p.info["cmdline"] or ()):
+                roots.append(p)
+    victims = {p.pid: p for p in roots}
+    for p in roots:
+        with contextlib.suppress(psutil.Error):
+            victims.update((c.pid, c) for c in p.children(recursive=True))
+    victims.pop(os.getpid(), None)
+    for p in victims.values():
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(list(victims.values()), timeout=30)
+    return sorted(victims)
 
 
 def session_processes(sid: int) -> list[int]:

@@ -3,19 +3,30 @@
 vLLM keeps process-global state (its distributed groups, the kernel registry) that a long sequence of engines
 built and torn down in one process can leave inconsistent (seen here: "tensor model parallel group is not
 initialized" in an engine built after many others); users run one engine per process, and so do these tests.
-Prints each process's wall time, the slowest first, and one closing line, ``total: N passed, N failed, N
-skipped``; exits non-zero if anything failed. ``--durations=20`` (passed through to pytest) names the slowest tests
-and fixtures inside each process.
 
-    python -m tests.run_isolated [pytest args...]
+The processes run in two lanes at once, each lane one process at a time: ``serve`` (the modules under
+``tests/cluster/``, which start Serve apps on fixed ports and so must not overlap each other) and ``engines``
+(everything else: engines and drafter actors on a local Ray of their own, whose ports are chosen free, and the
+modules that start neither). The ``engines`` lane has a Ray temporary folder of its own (``RAY_TMPDIR``): a
+``ray.init()`` there must not find and join a cluster that a ``serve`` module started with ``ray start``. A module
+alone leaves a core idle about a third of the time (waiting on Ray's start, on a drafter, on a replica); two lanes
+fill it. ``--lanes 1`` runs everything one process at a time.
+
+Each process's output is printed whole when it ends. Then each process's wall time, the slowest first, and one
+closing line, ``total: N passed, N failed, N skipped``; exits non-zero if anything failed. ``--durations=20``
+(passed through to pytest) names the slowest tests and fixtures inside each process.
+
+    python -m tests.run_isolated [--lanes 1|2] [pytest args...]
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -68,10 +79,32 @@ def unisolated_starters(paths: list[Path]) -> dict[str, list[str]]:
     return out
 
 
-def run(args: list[str], extra: list[str], xml: Path) -> int:
+SERVE_LANE = "tests/cluster/"  # modules that start Serve apps (fixed ports): never two at once
+
+
+ENGINES_RAY_TMPDIR = "/tmp/ray-engines"  # the engines lane's Ray folder (short: Ray's socket paths live under it)
+
+
+def lanes(isolated: list[str], count: int) -> list[list[list[str]]]:
+    """The pytest argument lists to run, split into ``count`` (1 or 2) lanes that run side by side, each in order.
+    Lane ``engines`` first runs the process for the modules not isolated, then its isolated modules; lane ``serve``
+    the isolated modules under ``SERVE_LANE``."""
+    rest = [f"--ignore={m}" for m in isolated] + ["tests"]
+    serve = [[m] for m in isolated if m.startswith(SERVE_LANE)]
+    engines = [rest] + [[m] for m in isolated if not m.startswith(SERVE_LANE)]
+    return [engines + serve] if count == 1 else [engines, serve]
+
+
+def run(args: list[str], extra: list[str], xml: Path, lock: threading.Lock, env: dict[str, str]) -> int:
+    """One pytest process with ``env`` added to the environment; its output printed whole, under ``lock``, once it
+    ends."""
     cmd = [sys.executable, "-m", "pytest", "-q", f"--junitxml={xml}", *args, *extra]
-    print("$", " ".join(cmd[2:]), flush=True)
-    return subprocess.run(cmd, cwd=ROOT).returncode
+    done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env={**os.environ, **env})
+    with lock:
+        print("$", " ".join(cmd[2:]), flush=True)
+        print(done.stdout, end="", flush=True)
+    return done.returncode
 
 
 def counts(xml: Path) -> tuple[int, int, int]:
@@ -83,26 +116,46 @@ def counts(xml: Path) -> tuple[int, int, int]:
     return tests - fail - err - skip, fail + err, skip
 
 
+def parse_lanes(argv: list[str]) -> tuple[int, list[str]]:
+    """(lanes, the pytest arguments): ``--lanes N`` (1 or 2, default 2) taken out of ``argv``."""
+    args, count = list(argv), 2
+    if "--lanes" in args:
+        i = args.index("--lanes")
+        value = args[i + 1] if i + 1 < len(args) else ""
+        if value not in ("1", "2"):
+            raise SystemExit(f"--lanes: 1 or 2, got {value!r}")
+        count = int(value)
+        del args[i:i + 2]
+    return count, args
+
+
 def main() -> int:
-    extra = sys.argv[1:]
-    isolated = isolated_modules()
-    groups = [[f"--ignore={m}" for m in isolated] + ["tests"]] + [[m] for m in isolated]
-    passed = failed = skipped = 0
-    worst = 0
-    walls: list[tuple[float, str]] = []
+    count, extra = parse_lanes(sys.argv[1:])
+    plan = lanes(isolated_modules(), count)
+    results: list[tuple[float, str, int, tuple[int, int, int]]] = []
+    lock = threading.Lock()
+    start_all = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        for i, group in enumerate(groups):
-            xml = Path(tmp) / f"{i}.xml"
-            start = time.monotonic()
-            rc = run(group, extra, xml)
-            walls.append((time.monotonic() - start, group[-1] if len(group) == 1 else "tests (the rest, one process)"))
-            p, f, s = counts(xml)
-            passed, failed, skipped = passed + p, failed + f, skipped + s
-            if rc not in (0, 5):  # 5: no tests collected (e.g. everything deselected)
-                worst = rc or 1
-    for wall, name in sorted(walls, reverse=True):
+        def lane(n: int, groups: list[list[str]]) -> None:
+            env = {"RAY_TMPDIR": ENGINES_RAY_TMPDIR} if count == 2 and n == 0 else {}
+            for i, group in enumerate(groups):
+                xml = Path(tmp) / f"{n}-{i}.xml"
+                start = time.monotonic()
+                rc = run(group, extra, xml, lock, env)
+                name = group[-1] if len(group) == 1 else "tests (the rest, one process)"
+                with lock:
+                    results.append((time.monotonic() - start, name, rc, counts(xml)))
+
+        threads = [threading.Thread(target=lane, args=(n, groups)) for n, groups in enumerate(plan)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for wall, name, _, _ in sorted(results, reverse=True):
         print(f"{wall:7.1f} s  {name}")
-    print(f"{sum(w for w, _ in walls):7.1f} s  in all")
+    print(f"{sum(r[0] for r in results):7.1f} s  in all, {time.monotonic() - start_all:.1f} s wall in {count} lane(s)")
+    passed, failed, skipped = (sum(r[3][j] for r in results) for j in range(3))
+    worst = any(rc not in (0, 5) for _, _, rc, _ in results)  # 5: no tests collected (e.g. everything deselected)
     print(f"total: {passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed or worst else 0
 

@@ -9,6 +9,8 @@ import sys
 import time
 import tomllib
 
+import pytest
+
 from tests import run_isolated
 from tests.conftest import ROOT
 
@@ -48,3 +50,22 @@ def test_the_suite_isolates_every_module_that_starts_engines_or_ray(monkeypatch)
     isolated = [m for m in run_isolated.isolated_modules() if m != unmarked]
     monkeypatch.setattr(run_isolated, "isolated_modules", lambda: isolated)
     assert run_isolated.unisolated_starters(modules) == {unmarked: ["ray.init"]}
+
+
+def test_two_lanes_keep_every_serve_module_in_one_lane_and_run_everything_once():
+    isolated = run_isolated.isolated_modules()
+    engines, serve = run_isolated.lanes(isolated, 2)
+    assert engines[0][-1] == "tests" and all(f"--ignore={m}" in engines[0] for m in isolated)  # the rest, first
+    assert serve and all(g[0].startswith("tests/cluster/") for g in serve)  # fixed ports: one at a time
+    assert not any(g[0].startswith("tests/cluster/") for g in engines[1:])
+    assert sorted(g[0] for g in engines[1:] + serve) == sorted(isolated)
+    (one,) = run_isolated.lanes(isolated, 1)
+    assert one == engines + serve
+
+
+def test_lanes_option():
+    assert run_isolated.parse_lanes(["-x", "--lanes", "1", "-k", "a"]) == (1, ["-x", "-k", "a"])
+    assert run_isolated.parse_lanes(["--durations=20"]) == (2, ["--durations=20"])
+    for bad in (["--lanes"], ["--lanes", "3"]):
+        with pytest.raises(SystemExit, match="--lanes"):
+            run_isolated.parse_lanes(bad)

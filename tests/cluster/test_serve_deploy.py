@@ -7,7 +7,7 @@ two redeploys and what each costs:
 - target model (a copy of the checkpoint in another folder): a new verifier replica (and new drafters); the seconds
   without service are printed (``-s``) and written in the README.
 
-Then ``serve shutdown`` and ``ray stop``.
+Then ``serve shutdown``, and this Ray's processes ended (``cluster.harness.stop_ray``: not another Ray on the host).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import yaml
 
 from cluster import deploy_yaml
 from cluster.config import APP_NAME, DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT
-from cluster.harness import HTTP, MODEL, get
+from cluster.harness import HTTP, MODEL, get, stop_ray
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.isolated]
@@ -85,13 +85,13 @@ def reference() -> dict[str, list[int]]:
 def cluster(tmp_path_factory, reference):
     """A Ray head started in a folder that is not the project's; stopped (with Serve) afterwards."""
     elsewhere = tmp_path_factory.mktemp("elsewhere")
-    cli("ray", "stop", "--force", cwd=elsewhere, check=False)
+    stop_ray()  # a Ray a crashed run left in this folder (not another lane's: ``tests.run_isolated``)
     cli("ray", "start", "--head", "--num-cpus", "4", "--disable-usage-stats", cwd=elsewhere)
     try:
         yield elsewhere
     finally:
         cli("serve", "shutdown", "-y", cwd=elsewhere, check=False)
-        cli("ray", "stop", "--force", cwd=elsewhere, check=False)
+        stop_ray()
 
 
 async def _streams(prompts: list[str], during=None) -> list[tuple[str, list[int] | str]]:

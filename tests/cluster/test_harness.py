@@ -1,0 +1,47 @@
+"""``cluster.harness.stop_ray``: ends the Ray sessions of one temporary folder and everything under them, and leaves
+another folder's alone. Real processes stand in for Ray's (a "raylet" naming its session folder, with a child as a
+worker would be; a second "raylet" of another folder): no Ray is started."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+
+from cluster.harness import stop_ray
+
+# A stand-in for a raylet: names its session folder in its arguments, as Ray's do; starts one child (a "worker",
+# whose own arguments name nothing), prints the child's pid, then waits.
+RAYLET = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
+          " print(c.pid, flush=True); time.sleep(600)")
+
+
+def start_raylet(session: str) -> tuple[subprocess.Popen, int]:
+    proc = subprocess.Popen([sys.executable, "-c", RAYLET, f"--session-dir={session}"], stdout=subprocess.PIPE,
+                            text=True)
+    return proc, int(proc.stdout.readline())
+
+
+def test_stop_ray_ends_one_folders_sessions_and_their_descendants_only(tmp_path):
+    mine, other = tmp_path / "a" / "ray", tmp_path / "b" / "ray"
+    raylet, worker = start_raylet(f"{mine}/session_2026-12-07_1")
+    kept, kept_worker = start_raylet(f"{other}/session_2026-12-07_2")
+    try:
+        ended = stop_ray(str(mine))
+        assert raylet.pid in ended and worker in ended, ended
+        assert raylet.wait(timeout=30) is not None
+        deadline = time.monotonic() + 30
+        while psutil.pid_exists(worker) and psutil.Process(worker).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the session's child outlived stop_ray"
+            time.sleep(0.05)
+        assert kept.poll() is None and psutil.pid_exists(kept_worker)  # the other folder's session runs on
+        assert kept.pid not in ended and kept_worker not in ended
+        assert stop_ray(str(mine)) == []  # nothing left of that folder
+    finally:
+        for proc in (raylet, kept):
+            for child in psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else ():
+                child.kill()
+            proc.kill()
+            proc.wait()
