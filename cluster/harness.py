@@ -153,12 +153,14 @@ def stop_ray(temp_dir: str | None = None) -> list[int]:
     ``ray stop`` ends every Ray process on the host, whoever started it; this ends the processes whose command line
     names a session under ``temp_dir`` (default: the folder Ray itself would use here, from ``RAY_TMPDIR`` or
     ``TMPDIR``: ``/tmp/ray``) - the GCS, raylet, dashboard, monitors - and all their descendants (workers and Serve's
-    replicas, agents, Serve's HAProxy). A Ray started with another ``RAY_TMPDIR`` on this host is left running (the
-    test suite runs one beside a Serve app: ``tests.run_isolated``)."""
+    replicas, agents, Serve's HAProxy), and forgets the folder's last ``ray start`` address as ``ray stop`` does (else
+    the next ``ray.init()`` there would try to join the dead cluster). A Ray started with another ``RAY_TMPDIR`` on
+    this host is left running (the test suite runs one beside a Serve app: ``tests.run_isolated``)."""
     import psutil
-    from ray._common.utils import get_default_ray_temp_dir
+    from ray._common.utils import get_default_ray_temp_dir, reset_ray_address
 
-    session = os.path.join(temp_dir or get_default_ray_temp_dir(), "session_")
+    temp_dir = temp_dir or get_default_ray_temp_dir()
+    session = os.path.join(temp_dir, "session_")
     roots = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         with contextlib.suppress(psutil.Error):
@@ -173,6 +175,7 @@ def stop_ray(temp_dir: str | None = None) -> list[int]:
         with contextlib.suppress(psutil.Error):
             p.kill()
     psutil.wait_procs(list(victims.values()), timeout=30)
+    reset_ray_address(temp_dir)
     return sorted(victims)
 
 

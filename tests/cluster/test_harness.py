@@ -26,6 +26,8 @@ def start_raylet(session: str) -> tuple[subprocess.Popen, int]:
 
 def test_stop_ray_ends_one_folders_sessions_and_their_descendants_only(tmp_path):
     mine, other = tmp_path / "a" / "ray", tmp_path / "b" / "ray"
+    mine.mkdir(parents=True)
+    (mine / "ray_current_cluster").write_text("127.0.0.1:6379")  # what `ray start` leaves for ray.init() to join
     raylet, worker = start_raylet(f"{mine}/session_2026-12-07_1")
     kept, kept_worker = start_raylet(f"{other}/session_2026-12-07_2")
     try:
@@ -38,6 +40,7 @@ def test_stop_ray_ends_one_folders_sessions_and_their_descendants_only(tmp_path)
             time.sleep(0.05)
         assert kept.poll() is None and psutil.pid_exists(kept_worker)  # the other folder's session runs on
         assert kept.pid not in ended and kept_worker not in ended
+        assert not (mine / "ray_current_cluster").exists()  # as `ray stop` does: no dead cluster to join
         assert stop_ray(str(mine)) == []  # nothing left of that folder
     finally:
         for proc in (raylet, kept):
