@@ -44,7 +44,13 @@ from actors.metrics import ProposerStats
 from actors.timing import DeviceSpans, ms_since
 from actors.verifier.draft_handoff import mark_no_drafts
 from actors.verifier.draft_length import StepDraftLength, build_draft_length
-from actors.verifier.options import ASYNC_SCHEDULING, PIPELINE_PARALLEL
+from actors.verifier.options import (
+    ASYNC_SCHEDULING,
+    LEGACY_RAY_EXECUTOR,
+    PIPELINE_PARALLEL,
+    RAY_V2_EXECUTOR_ENV,
+    legacy_ray_executor,
+)
 from actors.verifier.owner_watch import watch_owner
 from actors.verifier.remote_speculator import build_speculator
 from actors.verifier.speculation import Speculation
@@ -183,6 +189,9 @@ class RemoteDraftWorker(_PlatformWorker):
         if self.vllm_config.scheduler_config.async_scheduling and not v2:
             raise RuntimeError(f"eagle_cluster verifier: async_scheduling is on with model runner V1; "
                                f"{ASYNC_SCHEDULING}")
+        if pc.distributed_executor_backend == "ray" and legacy_ray_executor():  # its steps bypass these hooks
+            raise RuntimeError(f"eagle_cluster verifier: {RAY_V2_EXECUTOR_ENV}={os.environ[RAY_V2_EXECUTOR_ENV]!r}; "
+                               f"{LEGACY_RAY_EXECUTOR}")
         if pc.pipeline_parallel_size > 1:  # before the drafter check: stages but the last have no drafter
             raise RuntimeError(f"eagle_cluster verifier: pipeline_parallel_size {pc.pipeline_parallel_size}; "
                                f"{PIPELINE_PARALLEL}")

@@ -1,8 +1,10 @@
 """Engine options the remote drafter cannot work with are refused with the option's name
 (``actors.verifier.options``): ``async_scheduling`` on model runner V1 (V1 feeds each rank's own drafter buffer into
 the next step; runner V2 takes it, as vLLM does by default on CUDA) and ``pipeline_parallel_size`` > 1 (the drafter
-hook exists on the last stage only). Where engine arguments are made (``verifier_kwargs``), by the YAML config for the
-runner its accelerator gets, and in the worker for engines built any other way. Nothing is started."""
+hook exists on the last stage only), and vLLM's legacy Ray executor (``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0``: it
+steps the model runner past the worker's hooks). Where engine arguments are made (``verifier_kwargs``), by the YAML
+config for the runner its accelerator gets, and in the worker for engines built any other way. Nothing is
+started."""
 
 from __future__ import annotations
 
@@ -66,7 +68,23 @@ def test_gpu_yamls_get_runner_v2_and_the_cpu_default_runner_v1(monkeypatch):
         name for name in runners if name.startswith("llama4-")}
 
 
-def _worker(monkeypatch, runner, *, async_scheduling=False, pp=1, tp=1):
+@pytest.mark.parametrize("value", ["0", " 0"])
+def test_the_legacy_ray_executor_is_refused_naming_the_variable(runner_v1, monkeypatch, value):
+    """vLLM's legacy Ray executor calls the model runner past the worker's hooks: refused before an engine is built,
+    with the variable named; RayExecutorV2 (the variable unset or 1) and other executors are left alone."""
+    from actors.verifier.engine import verifier_kwargs
+
+    monkeypatch.setenv("VLLM_USE_RAY_V2_EXECUTOR_BACKEND", value)
+    with pytest.raises(ValueError, match="^VLLM_USE_RAY_V2_EXECUTOR_BACKEND=.* distributed_executor_backend 'ray'"):
+        verifier_kwargs(str(TARGET), SPEC, CLIENT, distributed_executor_backend="ray")
+    assert verifier_kwargs(str(TARGET), SPEC, CLIENT, distributed_executor_backend="mp")
+    monkeypatch.setenv("VLLM_USE_RAY_V2_EXECUTOR_BACKEND", "1")
+    assert verifier_kwargs(str(TARGET), SPEC, CLIENT, distributed_executor_backend="ray")
+    monkeypatch.delenv("VLLM_USE_RAY_V2_EXECUTOR_BACKEND")
+    assert verifier_kwargs(str(TARGET), SPEC, CLIENT, distributed_executor_backend="ray")
+
+
+def _worker(monkeypatch, runner, *, async_scheduling=False, pp=1, tp=1, backend="mp"):
     from actors.verifier import worker
 
     monkeypatch.setattr(worker._PlatformWorker, "init_device", lambda self: setattr(self, "model_runner", runner))
@@ -75,13 +93,22 @@ def _worker(monkeypatch, runner, *, async_scheduling=False, pp=1, tp=1):
     w.vllm_config = SimpleNamespace(
         additional_config={worker.CONFIG_KEY: {"draft_client": CLIENT}}, speculative_config=object(),
         scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
-        parallel_config=SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=pp))
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                                        distributed_executor_backend=backend))
     return w
 
 
 def test_worker_refuses_async_scheduling(monkeypatch):
     w = _worker(monkeypatch, SimpleNamespace(drafter=None), async_scheduling=True)
     with pytest.raises(RuntimeError, match="async_scheduling is on"):
+        w.init_device()
+
+
+def test_worker_refuses_the_legacy_ray_executor(monkeypatch):
+    """An engine built some other way (not through ``verifier_kwargs``) is refused by its worker, at start."""
+    monkeypatch.setenv("VLLM_USE_RAY_V2_EXECUTOR_BACKEND", "0")
+    w = _worker(monkeypatch, SimpleNamespace(drafter=None), backend="ray")
+    with pytest.raises(RuntimeError, match="VLLM_USE_RAY_V2_EXECUTOR_BACKEND='0'; vLLM's legacy Ray executor"):
         w.init_device()
 
 
