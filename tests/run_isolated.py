@@ -7,7 +7,10 @@ Prints each process's wall time, the slowest first, and one closing line, ``tota
 skipped``; exits non-zero if anything failed. ``--durations=20`` (passed through to pytest) names the slowest tests
 and fixtures inside each process.
 
-    python -m tests.run_isolated [pytest args...]
+Test paths among the arguments (files, folders or node ids under ``tests/``) run just those, grouped the same way
+(the isolated modules among them each in their own process, the rest in one); without any, the whole suite.
+
+    python -m tests.run_isolated [test paths...] [pytest args...]
 """
 
 from __future__ import annotations
@@ -83,19 +86,50 @@ def counts(xml: Path) -> tuple[int, int, int]:
     return tests - fail - err - skip, fail + err, skip
 
 
+def is_test_path(arg: str) -> bool:
+    """``arg`` names a test file, folder or node id (``file::test``) under ``tests/``, not a pytest option."""
+    if arg.startswith("-"):
+        return False
+    path = (ROOT / arg.split("::", 1)[0]).resolve()
+    return path.exists() and path.is_relative_to(ROOT / "tests")
+
+
+def groups_for(paths: list[str], isolated: list[str]) -> list[tuple[str, list[str]]]:
+    """(name, pytest arguments) of each process for ``paths`` (the whole suite when empty): first one process for
+    what is not isolated (absent when nothing is), then one per isolated module (its node ids, when given)."""
+    if not paths:
+        return ([("tests (the rest, one process)", [f"--ignore={m}" for m in isolated] + ["tests"])]
+                + [(m, [m]) for m in isolated])
+    shared: list[str] = []
+    own: dict[str, list[str]] = {}
+    for arg in paths:
+        file, sep, test = arg.partition("::")
+        rel = str((ROOT / file).resolve().relative_to(ROOT))
+        if rel in isolated:
+            own.setdefault(rel, []).append(rel + sep + test)
+            continue
+        inside = [m for m in isolated if Path(m).is_relative_to(rel)]  # a folder's isolated modules
+        for m in inside:
+            own.setdefault(m, [m])
+        shared += [f"--ignore={m}" for m in inside] + [rel + sep + test]
+    named = [a for a in shared if not a.startswith("--ignore=")]
+    out = [(f"{' '.join(named)} (one process)", shared)] if named else []
+    return out + [(m, own[m]) for m in isolated if m in own]
+
+
 def main() -> int:
-    extra = sys.argv[1:]
-    isolated = isolated_modules()
-    groups = [[f"--ignore={m}" for m in isolated] + ["tests"]] + [[m] for m in isolated]
+    paths = [a for a in sys.argv[1:] if is_test_path(a)]
+    extra = [a for a in sys.argv[1:] if a not in paths]
+    groups = groups_for(paths, isolated_modules())
     passed = failed = skipped = 0
     worst = 0
     walls: list[tuple[float, str]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, group in enumerate(groups):
+        for i, (name, group) in enumerate(groups):
             xml = Path(tmp) / f"{i}.xml"
             start = time.monotonic()
             rc = run(group, extra, xml)
-            walls.append((time.monotonic() - start, group[-1] if len(group) == 1 else "tests (the rest, one process)"))
+            walls.append((time.monotonic() - start, name))
             p, f, s = counts(xml)
             passed, failed, skipped = passed + p, failed + f, skipped + s
             if rc not in (0, 5):  # 5: no tests collected (e.g. everything deselected)

@@ -48,3 +48,18 @@ def test_the_suite_isolates_every_module_that_starts_engines_or_ray(monkeypatch)
     isolated = [m for m in run_isolated.isolated_modules() if m != unmarked]
     monkeypatch.setattr(run_isolated, "isolated_modules", lambda: isolated)
     assert run_isolated.unisolated_starters(modules) == {unmarked: ["ray.init"]}
+
+
+def test_test_paths_run_alone_each_isolated_module_in_its_own_process():
+    isolated = ["tests/a/test_engine.py", "tests/a/test_ray.py", "tests/b/test_serve.py"]
+    assert [args for _, args in run_isolated.groups_for([], isolated)] == [
+        ["--ignore=tests/a/test_engine.py", "--ignore=tests/a/test_ray.py", "--ignore=tests/b/test_serve.py", "tests"],
+        ["tests/a/test_engine.py"], ["tests/a/test_ray.py"], ["tests/b/test_serve.py"]]
+    assert [args for _, args in run_isolated.groups_for(["tests/a", "tests/b/test_serve.py::test_x"], isolated)] == [
+        ["--ignore=tests/a/test_engine.py", "--ignore=tests/a/test_ray.py", "tests/a"],
+        ["tests/a/test_engine.py"], ["tests/a/test_ray.py"], ["tests/b/test_serve.py::test_x"]]
+    assert [args for _, args in run_isolated.groups_for(["tests/b/test_serve.py"], isolated)] == [
+        ["tests/b/test_serve.py"]]
+    assert run_isolated.is_test_path("tests/actors/test_messages.py::test_x")
+    assert not run_isolated.is_test_path("--durations=20") and not run_isolated.is_test_path("not slow")
+    assert not run_isolated.is_test_path("README.md")
