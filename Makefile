@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 HOOKS := $(VENV)/.startup-hooks
 
-.PHONY: demo serve deploy undeploy test test-v2 models bench lint clean-venv
+.PHONY: demo serve deploy undeploy test test-v2 coverage models bench lint clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,11 @@ test: $(HOOKS)
 test-v2: $(HOOKS)
 	$(PY) -m pytest -q tests/actors/verifier/test_remote_verifier_v2.py tests/actors/verifier/test_runner_choice.py \
 		tests/actors/verifier/test_vllm_v2_adapter.py
+
+# Line coverage of actors/ and cluster/ from the whole suite (tests.run_isolated under coverage.py, its subprocesses
+# and Ray actors included), CUDA-only lines apart: tests/coverage_report.py. Not part of `make test`.
+coverage: $(HOOKS)
+	$(PY) -m tests.coverage_report
 
 models: $(HOOKS)
 	$(PY) -m training.cli all --out models

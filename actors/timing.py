@@ -25,7 +25,7 @@ import torch
 def synchronize(device: torch.device | str | None) -> None:
     """Wait for the work queued on ``device`` when it is a CUDA device; nothing otherwise."""
     if device is not None and torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.synchronize(device)  # cuda-only
 
 
 def ms_since(start: float, device: torch.device | str | None) -> float:
@@ -50,11 +50,11 @@ class DeviceSpans:
                 return fn(*args, **kwargs)
             finally:
                 self._spans.append((time.perf_counter() - start) * 1e3)
-        begin = torch.cuda.Event(enable_timing=True)
-        begin.record()
-        try:
+        begin = torch.cuda.Event(enable_timing=True)  # cuda-only
+        begin.record()  # cuda-only
+        try:  # cuda-only
             return fn(*args, **kwargs)
-        finally:
+        finally:  # cuda-only
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self._spans.append((begin, end))

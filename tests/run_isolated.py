@@ -16,7 +16,10 @@ Each process's output is printed whole when it ends. Then each process's wall ti
 closing line, ``total: N passed, N failed, N skipped``; exits non-zero if anything failed. ``--durations=20``
 (passed through to pytest) names the slowest tests and fixtures inside each process.
 
-    python -m tests.run_isolated [--lanes 1|2] [pytest args...]
+Test paths among the arguments (files, folders or node ids under ``tests/``) run just those, grouped the same way
+(the isolated modules among them each in their own process, the rest in one); without any, the whole suite.
+
+    python -m tests.run_isolated [--lanes 1|2] [test paths...] [pytest args...]
 """
 
 from __future__ import annotations
@@ -85,13 +88,43 @@ SERVE_LANE = "tests/cluster/"  # modules that start Serve apps (fixed ports): ne
 ENGINES_RAY_TMPDIR = "/tmp/ray-engines"  # the engines lane's Ray folder (short: Ray's socket paths live under it)
 
 
-def lanes(isolated: list[str], count: int) -> list[list[list[str]]]:
-    """The pytest argument lists to run, split into ``count`` (1 or 2) lanes that run side by side, each in order.
-    Lane ``engines`` first runs the process for the modules not isolated, then its isolated modules; lane ``serve``
+def is_test_path(arg: str) -> bool:
+    """``arg`` names a test file, folder or node id (``file::test``) under ``tests/``, not a pytest option."""
+    if arg.startswith("-"):
+        return False
+    path = (ROOT / arg.split("::", 1)[0]).resolve()
+    return path.exists() and path.is_relative_to(ROOT / "tests")
+
+
+def groups_for(paths: list[str], isolated: list[str]) -> list[tuple[str, list[str]]]:
+    """(name, pytest arguments) of each process for ``paths`` (the whole suite when empty): first one process for
+    what is not isolated (absent when nothing is), then one per isolated module (its node ids, when given)."""
+    if not paths:
+        return ([("tests (the rest, one process)", [f"--ignore={m}" for m in isolated] + ["tests"])]
+                + [(m, [m]) for m in isolated])
+    shared: list[str] = []
+    own: dict[str, list[str]] = {}
+    for arg in paths:
+        file, sep, test = arg.partition("::")
+        rel = str((ROOT / file).resolve().relative_to(ROOT))
+        if rel in isolated:
+            own.setdefault(rel, []).append(rel + sep + test)
+            continue
+        inside = [m for m in isolated if Path(m).is_relative_to(rel)]  # a folder's isolated modules
+        for m in inside:
+            own.setdefault(m, [m])
+        shared += [f"--ignore={m}" for m in inside] + [rel + sep + test]
+    named = [a for a in shared if not a.startswith("--ignore=")]
+    out = [(f"{' '.join(named)} (one process)", shared)] if named else []
+    return out + [(m, own[m]) for m in isolated if m in own]
+
+
+def lanes(groups: list[tuple[str, list[str]]], count: int) -> list[list[tuple[str, list[str]]]]:
+    """``groups`` (``groups_for``'s processes) split into ``count`` (1 or 2) lanes that run side by side, each in
+    order: lane ``engines`` first (the process for what is not isolated, then its isolated modules), lane ``serve``
     the isolated modules under ``SERVE_LANE``."""
-    rest = [f"--ignore={m}" for m in isolated] + ["tests"]
-    serve = [[m] for m in isolated if m.startswith(SERVE_LANE)]
-    engines = [rest] + [[m] for m in isolated if not m.startswith(SERVE_LANE)]
+    serve = [g for g in groups if g[0].startswith(SERVE_LANE) and g[0].endswith(".py")]
+    engines = [g for g in groups if g not in serve]
     return [engines + serve] if count == 1 else [engines, serve]
 
 
@@ -130,19 +163,20 @@ def parse_lanes(argv: list[str]) -> tuple[int, list[str]]:
 
 
 def main() -> int:
-    count, extra = parse_lanes(sys.argv[1:])
-    plan = lanes(isolated_modules(), count)
+    count, args = parse_lanes(sys.argv[1:])
+    paths = [a for a in args if is_test_path(a)]
+    extra = [a for a in args if a not in paths]
+    plan = lanes(groups_for(paths, isolated_modules()), count)
     results: list[tuple[float, str, int, tuple[int, int, int]]] = []
     lock = threading.Lock()
     start_all = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        def lane(n: int, groups: list[list[str]]) -> None:
+        def lane(n: int, groups: list[tuple[str, list[str]]]) -> None:
             env = {"RAY_TMPDIR": ENGINES_RAY_TMPDIR} if count == 2 and n == 0 else {}
-            for i, group in enumerate(groups):
+            for i, (name, group) in enumerate(groups):
                 xml = Path(tmp) / f"{n}-{i}.xml"
                 start = time.monotonic()
                 rc = run(group, extra, xml, lock, env)
-                name = group[-1] if len(group) == 1 else "tests (the rest, one process)"
                 with lock:
                     results.append((time.monotonic() - start, name, rc, counts(xml)))
 

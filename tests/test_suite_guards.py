@@ -54,12 +54,14 @@ def test_the_suite_isolates_every_module_that_starts_engines_or_ray(monkeypatch)
 
 def test_two_lanes_keep_every_serve_module_in_one_lane_and_run_everything_once():
     isolated = run_isolated.isolated_modules()
-    engines, serve = run_isolated.lanes(isolated, 2)
-    assert engines[0][-1] == "tests" and all(f"--ignore={m}" in engines[0] for m in isolated)  # the rest, first
-    assert serve and all(g[0].startswith("tests/cluster/") for g in serve)  # fixed ports: one at a time
-    assert not any(g[0].startswith("tests/cluster/") for g in engines[1:])
-    assert sorted(g[0] for g in engines[1:] + serve) == sorted(isolated)
-    (one,) = run_isolated.lanes(isolated, 1)
+    groups = run_isolated.groups_for([], isolated)
+    engines, serve = run_isolated.lanes(groups, 2)
+    rest = engines[0][1]
+    assert rest[-1] == "tests" and all(f"--ignore={m}" in rest for m in isolated)  # the rest, first
+    assert serve and all(name.startswith("tests/cluster/") for name, _ in serve)  # fixed ports: one at a time
+    assert not any(name.startswith("tests/cluster/") for name, _ in engines[1:])
+    assert sorted(name for name, _ in engines[1:] + serve) == sorted(isolated)
+    (one,) = run_isolated.lanes(groups, 1)
     assert one == engines + serve
 
 
@@ -69,3 +71,18 @@ def test_lanes_option():
     for bad in (["--lanes"], ["--lanes", "3"]):
         with pytest.raises(SystemExit, match="--lanes"):
             run_isolated.parse_lanes(bad)
+
+
+def test_test_paths_run_alone_each_isolated_module_in_its_own_process():
+    isolated = ["tests/a/test_engine.py", "tests/a/test_ray.py", "tests/b/test_serve.py"]
+    assert [args for _, args in run_isolated.groups_for([], isolated)] == [
+        ["--ignore=tests/a/test_engine.py", "--ignore=tests/a/test_ray.py", "--ignore=tests/b/test_serve.py", "tests"],
+        ["tests/a/test_engine.py"], ["tests/a/test_ray.py"], ["tests/b/test_serve.py"]]
+    assert [args for _, args in run_isolated.groups_for(["tests/a", "tests/b/test_serve.py::test_x"], isolated)] == [
+        ["--ignore=tests/a/test_engine.py", "--ignore=tests/a/test_ray.py", "tests/a"],
+        ["tests/a/test_engine.py"], ["tests/a/test_ray.py"], ["tests/b/test_serve.py::test_x"]]
+    assert [args for _, args in run_isolated.groups_for(["tests/b/test_serve.py"], isolated)] == [
+        ["tests/b/test_serve.py"]]
+    assert run_isolated.is_test_path("tests/actors/test_messages.py::test_x")
+    assert not run_isolated.is_test_path("--durations=20") and not run_isolated.is_test_path("not slow")
+    assert not run_isolated.is_test_path("README.md")

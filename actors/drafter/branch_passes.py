@@ -68,7 +68,7 @@ class BranchPasses:
         self.feats[:num].copy_(feats)
         shape = (padded, k)
         if self.graphs is not None:
-            self.graphs.run(shape)
+            self.graphs.run(shape)  # cuda-only
         else:
             self._forward(shape)
         return read_back(self.drafts, self.drafts_host, num, k)

@@ -89,9 +89,9 @@ def read_back(drafts: torch.Tensor, drafts_host: torch.Tensor, num: int, k: int)
     rows into its pinned mirror, then the one wait of the step."""
     if drafts.device.type != "cuda":
         return drafts[:num, :k].clone()
-    drafts_host[:num].copy_(drafts[:num], non_blocking=True)
-    torch.cuda.current_stream(drafts.device).synchronize()
-    return drafts_host[:num, :k].clone()
+    drafts_host[:num].copy_(drafts[:num], non_blocking=True)  # cuda-only
+    torch.cuda.current_stream(drafts.device).synchronize()  # cuda-only
+    return drafts_host[:num, :k].clone()  # cuda-only
 
 
 class _Buffers:
@@ -169,7 +169,7 @@ class DecodeStep:
         last_pos = self._pack(step, slots, shape)
         self._stage_hidden(hidden)
         if self.graphs is not None:
-            self.graphs.run(shape)
+            self.graphs.run(shape)  # cuda-only
         else:
             self._forward(shape)
         self.launched_at = time.perf_counter()  # the host's part of the step ends here (the device check reads it)

@@ -55,8 +55,8 @@ def device_budget_gib(device: str | torch.device, fraction: float) -> float | No
     ``None`` (no cap but the slot count) on a CPU."""
     if torch.device(device).type != "cuda":
         return None
-    free, _ = torch.cuda.mem_get_info(torch.device(device))
-    return fraction * free / 2**30
+    free, _ = torch.cuda.mem_get_info(torch.device(device))  # cuda-only
+    return fraction * free / 2**30  # cuda-only
 
 
 class DraftKVCache:

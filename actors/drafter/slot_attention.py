@@ -142,7 +142,7 @@ def launch_config(block_n: int | None = None, num_warps: int | None = None, num_
 @functools.cache
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return torch.cuda.get_device_properties(device).multi_processor_count  # cuda-only
     return 4  # the interpreter on a CPU: a few splits, so the split-merge path is tested too
 
 

@@ -36,7 +36,7 @@ from vllm.v1.outputs import DraftTokenIds
 
 if current_platform.is_cpu():
     from vllm.v1.worker.cpu_worker import CPUWorker as _PlatformWorker
-else:  # pragma: no cover - GPU
+else:  # cuda-only: vLLM's GPU worker
     from vllm.v1.worker.gpu_worker import Worker as _PlatformWorker
 
 from actors import engine_spin, vllm_fixes
