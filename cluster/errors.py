@@ -45,6 +45,11 @@ class BadRequest(Exception):
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
 
+    def __reduce__(self) -> tuple[type, tuple[int, str, str | None]]:
+        # a handle call's error travels pickled from the replica to the caller (Exception's own reduce would call
+        # BadRequest(message) there and fail, so the caller would not get the reason)
+        return BadRequest, (self.status, self.message, self.param)
+
 
 class VerifierError(ValueError):
     """The engine answered an error (a whole JSON answer, or an error event inside a stream): its HTTP status and
@@ -53,6 +58,9 @@ class VerifierError(ValueError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status, self.message = status, message
+
+    def __reduce__(self) -> tuple[type, tuple[int, str]]:
+        return VerifierError, (self.status, self.message)  # pickled to a handle's caller (see ``BadRequest``)
 
 
 class GrpcAbort(Exception):

@@ -1,4 +1,5 @@
-"""Client bytes -> vLLM's own OpenAI protocol models, or ``BadRequest`` (400) naming the field and the reason.
+"""Client bytes -> vLLM's own OpenAI protocol models, or ``BadRequest`` (400) naming the field and the reason; a
+generation request's sampling parameters are checked as vLLM's ``SamplingParams`` checks them (``check_sampling``).
 
 Every surface of the verifier replica (``cluster.verifier_server``: HTTP, gRPC, the Python handle) builds its
 request here, so a bad request is answered before it reaches the engine, and the same way on each. Client bytes
@@ -58,7 +59,26 @@ def parse_request(raw: bytes, model_cls: type, max_n: int | None = None) -> Any:
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
         raise BadRequest(400, f"max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens")
-    return _validated(model_cls.model_validate, body)
+    req = _validated(model_cls.model_validate, body)
+    check_sampling(req, max_tokens)
+    return req
+
+
+def check_sampling(req: Any, max_tokens: int | None) -> None:
+    """The request's sampling parameters as vLLM's ``SamplingParams`` checks them (temperature finite and in [0, 2],
+    top_p in (0, 1], penalties, top_k, min_tokens, ...), or ``BadRequest`` (400) with vLLM's reason, which names the
+    field. The protocol models take any float (NaN and negative temperatures, top_p 5) and vLLM checks these only
+    when its serving code builds the engine's parameters; here every surface refuses them first, the same way.
+    The server's default parameters are left out: only what the client set can be wrong."""
+    from vllm.exceptions import VLLMClientError
+
+    if not hasattr(req, "to_sampling_params"):
+        return
+    try:
+        req.to_sampling_params(max_tokens or 2**31 - 1, {})
+    except (VLLMClientError, ValueError) as e:
+        message = str(e.args[0]) if e.args else str(e)
+        raise BadRequest(400, message, getattr(e, "parameter", None)) from None
 
 
 def parse_tokenize(raw: bytes, detokenize: bool = False) -> Any:

@@ -498,6 +498,20 @@ def test_grpc_abort_survives_the_trip_to_the_proxy():
     assert (wrapped._grpc_code, wrapped._grpc_details) == (code, "prompt: empty")
 
 
+def test_handle_errors_survive_the_trip_to_the_caller():
+    """A handle call's ``BadRequest`` / ``VerifierError`` travels pickled from the replica to its caller, with its
+    status, reason and field."""
+    import pickle
+
+    from cluster.errors import VerifierError
+
+    bad = pickle.loads(pickle.dumps(BadRequest(400, "top_p must be in (0, 1], got 1.5.", "top_p")))
+    assert (bad.status, bad.message, bad.param, str(bad)) == (400, "top_p must be in (0, 1], got 1.5.", "top_p",
+                                                              "top_p must be in (0, 1], got 1.5.")
+    err = pickle.loads(pickle.dumps(VerifierError(503, "verifier unavailable: EngineDeadError")))
+    assert (type(err), err.status, err.message) == (VerifierError, 503, "verifier unavailable: EngineDeadError")
+
+
 # --- vLLM's other routes ---------------------------------------------------------------------------------------
 def test_tokenize_detokenize_version_routes_and_their_bad_input():
     from cluster.openai_requests import parse_tokenize
@@ -516,3 +530,67 @@ def test_tokenize_detokenize_version_routes_and_their_bad_input():
     assert parse_tokenize(b'{"messages": [{"role": "user", "content": "x"}]}').messages
     with pytest.raises(BadRequest):
         parse_tokenize(b'{"nothing": 1}')
+
+
+# --- bad sampling input, on every surface ----------------------------------------------------------------------
+NAN = float("nan")
+BAD_SAMPLING = [  # (sampling arguments, the field the error names, the reason)
+    ({"temperature": -1.0}, "temperature", "non-negative"),
+    ({"temperature": NAN}, "temperature", "finite"),
+    ({"temperature": 3.0}, "temperature", "[0, 2]"),
+    ({"top_p": 1.5}, "top_p", "(0, 1]"),
+    ({"top_p": NAN}, "top_p", "(0, 1]"),
+    ({"top_k": -5}, "top_k", "top_k"),
+    ({"stop": 5}, "stop", "valid string"),
+    ({"stop": [1, 2]}, "stop", "valid string"),
+]
+CHAT = [{"role": "user", "content": "x"}]
+
+
+@pytest.mark.parametrize(("sampling", "field", "reason"), BAD_SAMPLING,
+                         ids=[f"{k}={v}" for s, _, _ in BAD_SAMPLING for k, v in s.items()])
+def test_bad_sampling_is_400_naming_the_field_before_the_engine(sampling, field, reason):
+    """HTTP (completions, chat) and the Python handle calls (``generate``, ``chat``, ``generate_stream``) refuse it
+    with the field and vLLM's reason, and the engine never sees it; the next good request is served."""
+    from starlette.testclient import TestClient
+
+    verifier = FakeEngine()
+    server = make_server(verifier)
+    http = TestClient(server.__serve_build_asgi_app__())
+    json_body = {"content-type": "application/json"}
+    for path, body in (("/v1/completions", COMPLETION), ("/v1/chat/completions", {"messages": CHAT})):
+        r = http.post(path, content=json.dumps({**body, **sampling}), headers=json_body)  # NaN as JSON's NaN
+        err = r.json()["error"]
+        assert r.status_code == 400 and field in err["message"] and reason in err["message"], (path, err)
+        assert err["param"] is None or err["param"].startswith(field)
+    for call in (lambda: server.generate("x", **sampling), lambda: server.chat(CHAT, **sampling),
+                 lambda: _drain(server.generate_stream("x", **sampling))):
+        with pytest.raises(BadRequest) as e:
+            asyncio.run(call())
+        assert e.value.status == 400 and field in e.value.message and reason in e.value.message
+    assert verifier.calls == 0
+    assert http.post("/v1/completions", json=COMPLETION).status_code == 200
+    assert asyncio.run(server.generate("x", max_tokens=2, temperature=0.5, top_p=0.9, stop=["\n"]))["choices"]
+    assert verifier.calls == 2
+
+
+GRPC_BAD_SAMPLING = [({"temperature": -1.0}, "temperature"), ({"temperature": NAN}, "temperature"),
+                     ({"top_p": 1.5}, "top_p"), ({"top_p": -0.5}, "top_p")]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+@pytest.mark.parametrize(("sampling", "field"), GRPC_BAD_SAMPLING,
+                         ids=[f"{k}={v}" for s, _ in GRPC_BAD_SAMPLING for k, v in s.items()])
+def test_grpc_bad_sampling_is_invalid_argument_naming_the_field(sampling, field, stream):
+    """The proto's floats carry any value (its ``stop`` is ``repeated string``: a wrong type cannot be sent)."""
+    import grpc
+
+    from cluster.proto import eagle_cluster_pb2 as pb
+
+    verifier = ScriptedVerifier([_sse("ok")]) if stream else FakeEngine()  # the fake streams only when scripted to
+    ingress = make_server(verifier, **OPEN_GRPC)
+    replies, ctx, abort = _run_grpc(ingress, pb.GenerateRequest(prompt="x", max_tokens=2, **sampling), stream)
+    assert ctx.code == grpc.StatusCode.INVALID_ARGUMENT and field in ctx.details, ctx.details
+    assert (abort is not None) == stream and verifier.calls == 0
+    replies, ctx, abort = _run_grpc(ingress, pb.GenerateRequest(prompt="x", max_tokens=2, temperature=0.5), stream)
+    assert ctx.code is None and abort is None and verifier.calls == 1 and replies[0].text == "ok"

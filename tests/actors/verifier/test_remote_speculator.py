@@ -1,6 +1,9 @@
 """The pipelined remote speculator (``actors.verifier.remote_speculator``) against real drafter actors on a local
 Ray, with toy heads: a hit is answered from the branch table without waiting for the drafter, a miss is waited for,
-a prompt step is not waited for; a drafter that dies costs one step without drafts, then its sequences re-home."""
+a prompt step is not waited for; a drafter that dies costs one step without drafts, then its sequences re-home.
+
+Its rules without Ray (fake actors and refs): a step whose misses are at most ``wait_for_misses`` of it does not
+wait for them; an answer nobody waited for that turns out FAILED drops its drafter at the next step."""
 
 from __future__ import annotations
 
@@ -168,3 +171,176 @@ def test_branches_are_answered_by_sequence_when_verifiers_interleave(toy_heads):
     table_b = BranchTable.unpack(actor.branches(["b"]))
     assert set(table_a.entries) == {"a"} and table_a.entries["a"].last_position == 2
     assert set(table_b.entries) == {"b"} and table_b.entries["b"].last_position == 1
+
+
+
+# --- the pipelined rules without Ray: fake drafter actors and refs (``tests.actors.fake_drafters``) -------------------
+class Refs:
+    """``ray.get`` / ``ray.wait`` / ``ray.cancel`` over fake ``Ref``s, recording what was read (``got``) and
+    cancelled. A ref in ``pending`` is not ready (``ray.wait``), and ``ray.get`` on it fails the test (it would block
+    the step); one in ``late`` is not ready to its first ``ray.wait``, ready after."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.got: list = []
+        self.cancelled: list = []
+        self.pending: list = []
+        self.late: list = []
+        monkeypatch.setattr(ray, "get", self.get)
+        monkeypatch.setattr(ray, "wait", self.wait)
+        monkeypatch.setattr(ray, "cancel", lambda ref, **kw: self.cancelled.append(ref))
+
+    @staticmethod
+    def _in(ref, refs: list) -> bool:
+        return any(ref is r for r in refs)
+
+    def get(self, ref, timeout=None):
+        assert not self._in(ref, self.pending), "the step waited for a call it must not wait for"
+        self.got.append(ref)
+        if ref.error is not None:
+            raise ref.error
+        return ref.value
+
+    def wait(self, refs, timeout=None):
+        ready = [r for r in refs if not self._in(r, self.pending) and not self._in(r, self.late)]
+        self.late = [r for r in self.late if not self._in(r, refs)]  # late once
+        return ready, [r for r in refs if not self._in(r, ready)]
+
+    def was_read(self, ref) -> bool:
+        return self._in(ref, self.got)
+
+    def read_at(self, ref) -> int:
+        """Where ``ref`` is in the order of reads (by identity: two refs may hold equal values)."""
+        return next(i for i, r in enumerate(self.got) if r is ref)
+
+
+FK = 2  # the fake drafters' k (``tests.actors.fake_drafters.K``)
+PROMPT_END = 9  # a prompt step covers positions 0..9; the next step ships position 10
+GUESS = 7  # the outcome every branch table guessed: no draft accepted, token 7 emitted
+
+
+class Branching:
+    """A pipelined fake drafter: ``draft_step`` answers ``answer(step)`` (its refs in ``refs``; each also put in
+    ``pending`` with ``hold``); ``branches`` answers a table guessing ``GUESS`` after the prompt for each sequence
+    asked, with drafts ``[10 + i, 20 + i]`` for the i-th (its refs in ``tables``)."""
+
+    def __init__(self, fake_refs: Refs, answer=None, hold: bool = False) -> None:
+        from actors.messages import BranchEntry
+        from tests.actors.fake_drafters import FakeDrafter, Method, Ref, good
+
+        self.fake = FakeDrafter(answer or good)
+        self.refs: list = []
+        self.tables: list = []
+        draft_step = self.fake.draft_step.fn
+
+        def step(*args):
+            self.refs.append(draft_step(*args))
+            if hold:
+                fake_refs.pending.append(self.refs[-1])
+            return self.refs[-1]
+
+        def branches(req_ids):
+            table = BranchTable({rid: BranchEntry(PROMPT_END, [], {(0, GUESS): [10 + i, 20 + i]})
+                                 for i, rid in enumerate(req_ids)})
+            self.tables.append(Ref(table.pack()))
+            return self.tables[-1]
+
+        self.fake.draft_step, self.fake.branches = Method(step), Method(branches)
+
+
+def fake_step(step_id: int, outcomes: dict[str, int | None], position: int = PROMPT_END + 1):
+    """(step, hidden): for each sequence, ``None``: its prompt (positions 0..PROMPT_END, a context row each);
+    else one row at ``position`` whose input token is the outcome."""
+    slices, ids = [], []
+    for rid, token in outcomes.items():
+        rows = list(range(1, PROMPT_END + 2)) if token is None else [token]
+        role = SeqRole.CONTEXT if token is None else SeqRole.DRAFT
+        slices.append(SeqSlice(rid, len(ids), len(rows), 0 if token is None else position, role))
+        ids += rows
+    return DraftStep(step_id, FK, slices, np.array(ids, np.int32)), np.zeros((len(ids), 4), np.float32)
+
+
+def pipelined_pool(drafters: dict[str, tuple[Branching, int]]):
+    """A ``RemoteSpeculator`` over the fakes (drafter id -> (fake, its reported load)); new sequences all go to the
+    least-loaded one."""
+    from tests.actors.fake_drafters import Pool
+
+    pool = Pool({name: (b.fake, load) for name, (b, load) in drafters.items()}, drafts_branches=True)
+    pool.homes.new_group_size = 8
+    return pool
+
+
+SEQS = ["a", "b", "c", "d"]
+
+
+@pytest.mark.parametrize(("missed", "waits"), [(["d"], False), (["c", "d"], False), (["b", "c", "d"], True)],
+                         ids=["1-of-4", "2-of-4", "3-of-4"])
+def test_misses_are_not_waited_for_unless_over_half_the_step_missed(monkeypatch, missed, waits):
+    """``wait_for_misses`` (0.5): while at most half of a step's drafted sequences missed their branch table, the
+    step takes its hits and never waits for the drafter: the misses go to it as context (it drafts their next step
+    from them) with no drafts this step, and the call's answer stays unread (``unchecked``) until the next step
+    looks. With more missed, the step waits, and the misses get the drafter's drafts."""
+    refs = Refs(monkeypatch)
+    home = Branching(refs, hold=not waits)  # a call the step must not wait for is never ready
+    pool = pipelined_pool({"home": (home, 0)})
+    drafts = pool.draft(*fake_step(0, dict.fromkeys(SEQS)))  # prompts: context, nothing waited for
+    assert drafts.short == dict.fromkeys(range(4), Short.CONTEXT)
+    refs.pending.clear()  # the prompt step's answer came
+
+    drafts = pool.draft(*fake_step(1, {rid: GUESS + 1 if rid in missed else GUESS for rid in SEQS}))
+    link, sent = pool.drafters.links["home"], home.fake.steps[-1]
+    roles = {s.req_id: s.role for s in sent.seqs}
+    hit_rows = [i for i, rid in enumerate(SEQS) if rid not in missed]
+    missed_rows = [i for i, rid in enumerate(SEQS) if rid in missed]
+    assert drafts.hits == hit_rows and not drafts.errors and refs.was_read(home.refs[0])
+    if waits:  # the whole sub-step is the drafter's answer (it answers its hits from the same table)
+        assert refs.was_read(home.refs[1]) and link.unchecked is None and not drafts.timing.all_hits
+        assert set(roles.values()) == {SeqRole.DRAFT}
+        assert drafts.short == {} and drafts.ids.tolist() == [[1] * FK] * 4  # good(): ones
+        return
+    for i in hit_rows:  # a hit's drafts are its branch's
+        assert drafts.ids[i].tolist() == [10 + i, 20 + i]
+    assert link.unchecked is home.refs[1] and drafts.timing.all_hits
+    assert {rid for rid, role in roles.items() if role is SeqRole.CONTEXT} == set(missed)
+    assert drafts.short == dict.fromkeys(missed_rows, Short.CONTEXT) and not drafts.ids[missed_rows].any()
+    assert drafts.lengths() == [0 if i in missed_rows else FK for i in range(4)]
+    refs.pending.clear()  # the answer came: the next step reads it, before its branch table
+    pool.draft(*fake_step(2, dict.fromkeys(SEQS, GUESS), PROMPT_END + 2))
+    assert refs.was_read(home.refs[1]) and refs.read_at(home.refs[1]) < refs.read_at(home.tables[1])
+
+
+def failed(step: DraftStep):
+    from actors.messages import DraftResult, DraftStatus
+
+    return DraftResult(step.step_id, DraftStatus.FAILED, np.zeros((0, FK), np.int32), error="CUDA error: boom")
+
+
+@pytest.mark.parametrize("seen", ["before-table", "after-table"])
+def test_an_unchecked_answer_that_failed_drops_its_drafter_at_the_next_step(monkeypatch, seen):
+    """A step nobody waited for (prompts: context only) is answered FAILED. The next step finds out when it looks
+    for that answer, before it reads its branch table or after (the answer came meanwhile): that home's sequences
+    get no drafts this step, none from the table either (drafted behind a failed step); the drafter gets nothing
+    more, its pending calls are cancelled, it is dropped (held out until its probe answers) and told to free the
+    sequences, which re-home to another drafter that drafts them from the next step."""
+    refs = Refs(monkeypatch)
+    bad, other = Branching(refs, failed), Branching(refs)
+    pool = pipelined_pool({"bad": (bad, 0), "other": (other, 100)})  # new sequences go to "bad" first
+    drafts = pool.draft(*fake_step(0, dict.fromkeys(SEQS)))
+    assert not drafts.errors and set(pool.homes.home.values()) == {"bad"}  # not known yet: nobody waited
+    assert pool.drafters.links["bad"].unchecked is bad.refs[0] and not refs.was_read(bad.refs[0])
+    if seen == "after-table":
+        refs.late.append(bad.refs[0])
+    drafts = pool.draft(*fake_step(1, dict.fromkeys(SEQS, GUESS)))  # every outcome guessed: all would be hits
+    assert drafts.short == dict.fromkeys(range(4), Short.FAILED) and drafts.hits == [] and not drafts.ids.any()
+    assert len(drafts.errors) == 1 and "boom" in drafts.errors[0]
+    if seen == "after-table":
+        assert refs.was_read(bad.tables[0])
+    else:  # never read: cancelled
+        assert not refs.was_read(bad.tables[0]) and any(r is bad.tables[0] for r in refs.cancelled)
+    assert len(bad.fake.steps) == 1  # no step after the failed one
+    assert "bad" not in pool.drafters.links and "bad" in pool.drafters.quarantine
+    assert pool.homes.home == {} and set(pool.homes.lost) == set(SEQS) and sorted(bad.fake.freed) == SEQS
+    assert [kind for _, kind, _ in pool.drafters.events] == ["failed"] and pool.stats()["quarantined"] == 1
+
+    drafts = pool.draft(*fake_step(2, dict.fromkeys(SEQS, GUESS), PROMPT_END + 2))
+    assert set(pool.homes.home.values()) == {"other"} and pool.homes.rehomed == 4
+    assert not drafts.errors and not drafts.short and len(other.fake.steps) == 1
