@@ -227,6 +227,10 @@ def step(step_id: int, seqs: list[tuple[str, int, list[int]]], width: int) -> tu
             torch.randn(off, width, generator=torch.Generator().manual_seed(step_id)))
 
 
+def actors_regions(actor: DrafterActor) -> list[str]:
+    return list(actor.rows.regions)
+
+
 STEPS = [[("a", 0, [1, 2, 3]), ("b", 0, [4, 5])], [("a", 3, [6]), ("b", 2, [7, 8])], [("b", 4, [9]), ("a", 4, [10])]]
 
 
@@ -255,6 +259,7 @@ def test_a_stale_generation_fails_that_drafter_not_the_output(fake_ray, drafters
     FAILED, drafts nothing from those rows, and the verifier drops it: its sequences short this step."""
     speculator = one_drafter(drafters[1], "shm")
     assert not speculator.collect(speculator.send(*step(0, STEPS[0], 3 * 64))).errors
+    link = speculator.drafters.links["d"]
     real = ShmRegion.write
 
     def stale(self, slot, generation, src, rows):
@@ -264,7 +269,8 @@ def test_a_stale_generation_fails_that_drafter_not_the_output(fake_ray, drafters
     drafts = speculator.collect(speculator.send(*step(1, STEPS[1], 3 * 64)))
     assert drafts.short == {0: Short.FAILED, 1: Short.FAILED} and not drafts.ids.any()
     assert len(drafts.errors) == 1 and "generation" in drafts.errors[0]
-    assert speculator.drafters.links == {} and "d" in speculator.drafters.quarantine  # dropped, region unlinked
+    assert speculator.drafters.links == {} and "d" in speculator.drafters.quarantine  # dropped
+    assert link.rows.state == "closed" and actors_regions(drafters[1]) == []  # the pair's region closed at both ends
 
 
 def test_rows_rewritten_while_drafting_are_a_failed_step(fake_ray, drafters, monkeypatch):
