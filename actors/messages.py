@@ -434,6 +434,23 @@ def check_drafts(drafts: Any, rows: int, k: int, vocab_size: int | None) -> np.n
     return drafts
 
 
+@dataclass(frozen=True)
+class ShmRows(_Message):
+    """Where a step's hidden rows lie in the (verifier, drafter) pair's shared-memory region (``actors.shm_rows``):
+    the second argument of ``DrafterActor.draft_step_shm`` in place of the rows themselves. Their dtype is the one
+    the step's ``hidden_dtype`` travels as. A drafter checks every field against its region (``RowsReader.view``)."""
+
+    _what = "shared-memory rows"
+    _error = BadStep
+
+    region: str = wire(STR)  # the region's name (its file in /dev/shm, unlinked once the drafter mapped it)
+    slot: int = wire(INT)
+    generation: int = wire(INT, key="gen")  # the write's; the slot's header must still say so
+    offset: int = wire(INT)  # bytes from the region's start: the slot's rows
+    rows: int = wire(INT)  # the rows' shape: [rows, width]
+    width: int = wire(INT)
+
+
 @dataclass
 class DraftResult(_Message):
     _what = "draft result"

@@ -19,12 +19,19 @@ import torch
 HIDDEN_WIRE_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(np.int16)}  # hidden_dtype -> array dtype
 
 
-def encode_hidden(hidden: torch.Tensor) -> tuple[np.ndarray, str]:
-    """A tensor -> (the numpy array it travels as, its ``hidden_dtype``): bf16 as its int16 bits, else float32."""
+def wire_tensor(hidden: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """A tensor -> (the tensor it travels as, on its own device, its ``hidden_dtype``): bf16 as its int16 bits (a
+    view), float32 as it is, anything else as float32 (a copy)."""
     hidden = hidden.detach()
     if hidden.dtype == torch.bfloat16:
-        return hidden.contiguous().view(torch.int16).cpu().numpy(), "bfloat16"
-    return hidden.float().contiguous().cpu().numpy(), "float32"
+        return hidden.contiguous().view(torch.int16), "bfloat16"
+    return hidden.float().contiguous(), "float32"
+
+
+def encode_hidden(hidden: torch.Tensor) -> tuple[np.ndarray, str]:
+    """A tensor -> (the numpy array it travels as, its ``hidden_dtype``): bf16 as its int16 bits, else float32."""
+    tensor, dtype = wire_tensor(hidden)
+    return tensor.cpu().numpy(), dtype
 
 
 def decode_hidden(array: np.ndarray, hidden_dtype: str, copy: bool = False) -> torch.Tensor:

@@ -8,6 +8,7 @@ its synchronous step on the shipped heads on one CPU core (``step``), and what o
     taskset -c 1 python -m benchmarks.drafter step [--heads eagle eagle3] [--batch 1 16] [--steps 200] [--k 3]
         [--shuffled] [--gap-ms 0 20] [--profile]
     python -m benchmarks.drafter ray-call
+    RAY_TMPDIR=/tmp/ray-bench python -m benchmarks.drafter transport [--repeats 30] [--json out.json]
 
 This module imports only torch, numpy, the project's drafter code and ``benchmarks.stamp`` at the top (the GPU
 machine has no vLLM, Ray, pydantic or transformers; ``benchmarks/device_check.sh`` runs ``device`` there); ``step``
@@ -62,6 +63,17 @@ step after an idle gap costs more than the same step back to back). ``--profile`
 hidden rows of two shapes: the call waited for with the array inline, with ``ray.put`` + ObjectRef, the same
 through a streaming generator's first item, a call submitted and not waited for (what a pipelined hit costs the
 verifier), and reading a ready result (the branch table, drafted in time). Medians over 200 calls, idle.
+
+``transport``: a step's hidden rows verifier -> drafter through the project's own seam (``actors.verifier.transport``)
+at Llama 4 Scout's EAGLE-3 bytes, ``[rows, 15360]`` bf16 (sent as int16 bits): batches 1 / 8 / 32 / 128 of 4 rows
+each, and prompt chunks of 2k and 32k tokens, on each path: ``host`` (the rows fancy-indexed out of the step's
+array and passed as the call's argument: Ray inlines it or puts it in the object store) and ``shm`` (the rows
+written once into a slot of the pair's shared-memory region, only metadata over Ray). The actor is a plain one
+with the drafter's ``draft_step`` / ``draft_step_shm`` signatures that reads the rows where they arrive (the shm
+one through ``actors.shm_rows.RowsReader``, generations checked) and answers 200 bytes. Per figure: ``host-side``,
+the median ms from the step's tensor to the call submitted (the copies and the Ray call: what the verifier's step
+pays), and ``round trip``, to the answer read; ``copies``: host copies of the rows on that path
+(``transport.COPIES``). A shm slot is sized to the case's rows (the default 16 MiB slot sends a 2k chunk by host).
 """
 
 from __future__ import annotations
@@ -606,6 +618,88 @@ def run_ray_call(args: argparse.Namespace) -> None:
     ray.shutdown()
 
 
+# --- transport: the hidden rows' trip, host vs shared memory, at Scout's bytes ------------------------------------
+SCOUT_EAGLE3_WIDTH = 3 * 5120  # three aux layers of Scout's hidden size
+TRANSPORT_CASES = [("batch 1 x 4 rows", 4), ("batch 8 x 4", 32), ("batch 32 x 4", 128), ("batch 128 x 4", 512),
+                   ("prompt 2k", 2048), ("prompt 32k", 32768)]
+
+
+def run_transport(args: argparse.Namespace) -> None:
+    import json
+
+    import ray
+
+    from actors.messages import ShmRows
+    from actors.shm_rows import RowsReader
+    from actors.verifier.transport import COPIES, HostRows, ShmTransport, StepRows, TransportConfig, TransportStats
+
+    @ray.remote(max_concurrency=1)
+    class Sink:
+        """A drafter's call signatures; reads the first and last row where they arrived."""
+
+        def __init__(self) -> None:
+            self.reader = RowsReader()
+
+        def draft_step(self, message: bytes, hidden: np.ndarray) -> bytes:
+            return message[:8] + hidden[0, :1].tobytes() + hidden[-1, -1:].tobytes()
+
+        def draft_step_shm(self, message: bytes, meta: bytes) -> bytes:
+            m = ShmRows.unpack(meta)
+            hidden = self.reader.view(m, "bfloat16")
+            out = message[:8] + hidden[0, :1].tobytes() + hidden[-1, -1:].tobytes()
+            del hidden
+            self.reader.check_unchanged(m)
+            return out
+
+        def open_rows(self, name: str, nonce: str) -> bool:
+            self.reader.open(name, nonce)
+            return True
+
+        def close_rows(self, name: str) -> None:
+            self.reader.close(name)
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    actor = Sink.remote()
+    message = b"s" * 200  # a sub-step's msgpack, about
+    cases = [c for c in TRANSPORT_CASES if c[1] <= args.max_rows]
+    print("case | rows | MB | path | host copies | host-side ms | round trip ms")
+    out = []
+    for name, n in cases:
+        hidden = torch.randint(-2000, 2000, (n, SCOUT_EAGLE3_WIDTH), dtype=torch.int16).view(torch.bfloat16)
+        rows = StepRows(hidden)  # [n, 15360] int16 bits
+        idx = np.arange(n)  # one home, the whole step
+        mb = rows.nbytes(idx) / 1e6
+        for path in ("host", "shm"):
+            stats = TransportStats()
+            if path == "host":
+                transport: Any = HostRows(stats)
+            else:
+                transport = ShmTransport(actor, TransportConfig("shm", 2, rows.nbytes(idx) / 2**20 + 1), stats)
+                assert transport.wait_open(30), "the actor did not map the region"
+            ship, trip = [], []
+            for i in range(args.repeats + 3):
+                start = time.perf_counter()
+                ref = transport.send(actor, message, rows, idx)
+                sent = time.perf_counter()
+                ray.get(ref)
+                done = time.perf_counter()
+                if i >= 3:  # the first touch of each slot's pages is not a step's cost
+                    ship.append((sent - start) * 1e3)
+                    trip.append((done - start) * 1e3)
+                del ref
+            assert stats.sent == {path: args.repeats + 3}, stats.as_dict()  # no fallback: the path named
+            transport.close()
+            r = [name, str(n), f"{mb:.2f}", path, str(COPIES[path]), f"{statistics.median(ship):.3f}",
+                 f"{statistics.median(trip):.3f}"]
+            out.append(r)
+            print(" | ".join(r), flush=True)
+        del hidden, rows
+    ray.shutdown()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
 # --- the command line -----------------------------------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -622,19 +716,24 @@ def parser() -> argparse.ArgumentParser:
                    help="idle milliseconds after each step (a served drafter idles while the verifier verifies); "
                         "several: one row each")
     sub.add_parser("ray-call", help="what one drafting call costs on Ray (needs Ray)")
+    t = sub.add_parser("transport", help="a step's hidden rows at Scout's bytes, host vs shared memory (needs Ray)")
+    t.add_argument("--repeats", type=int, default=30)
+    t.add_argument("--max-rows", type=int, default=32768, help="leave out the cases with more rows")
+    t.add_argument("--json", help="also write the rows here")
     return p
 
 
 # Where each run's processes are (the stamp's hardware).
 PLACEMENT = {"device": "the drafter engine alone in this process",
              "step": "the drafter engine alone in this process, one torch thread",
-             "ray-call": "this driver and one Ray actor, nothing pinned"}
+             "ray-call": "this driver and one Ray actor, nothing pinned",
+             "transport": "this driver and one Ray actor on one node, nothing pinned"}
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     print(stamp.line(stamp.stamp(PLACEMENT[args.run])), flush=True)
-    {"device": run_device, "step": run_step, "ray-call": run_ray_call}[args.run](args)
+    {"device": run_device, "step": run_step, "ray-call": run_ray_call, "transport": run_transport}[args.run](args)
 
 
 if __name__ == "__main__":

@@ -94,6 +94,9 @@ class VerifierConfig(_Strict):
     num_cpus: float = Field(1.0, ge=0, description="CPUs per TP bundle")
     resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources, per TP bundle")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed through to vLLM")
+    hidden_transport: Literal["auto", "host", "shm"] = Field(
+        "auto", description="how each step's hidden rows reach a drafter (actors.verifier.transport): shared memory "
+        "with a drafter on the verifier's node (auto), always the host path (host), or shared memory forced (shm)")
     engine_spin_s: float | None = Field(
         DEFAULT_SPIN_S, ge=MIN_SPIN_S, description="how long vLLM's engine core and workers spin on their "
         "shared-memory queues before they sleep (actors.engine_spin); None: vLLM's default (1 s)")

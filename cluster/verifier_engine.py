@@ -55,7 +55,8 @@ class VerifierEngine:
         v = verifier
         # Before the engine exists: the model runner (actors.vllm_engine.choose_model_runner), vLLM-CPU's settings.
         set_engine_env(v.tensor_parallel_size, in_process=False)
-        client = {"finder": SERVE_FINDER, "app_name": drafter_app, "deployment_name": DRAFTER_DEPLOYMENT}
+        client = {"finder": SERVE_FINDER, "app_name": drafter_app, "deployment_name": DRAFTER_DEPLOYMENT,
+                  "hidden_transport": v.hidden_transport}
         kwargs = verifier_kwargs(
             v.model,
             speculative_config.for_vllm(),

@@ -8,6 +8,11 @@ verifier can send a step and not wait for it: everything it sends later is handl
   small one into the call, and passes a large one through the object store). Errors come back as a ``FAILED``
   result, so the verifier carries on without drafts: a malformed or out-of-bounds step (``BadStep``, from
   unpacking or validation) with the reason, anything else with a short traceback.
+- ``draft_step_shm(step_bytes, rows_bytes)``: the same, with the hidden rows in the shared-memory region of the
+  calling verifier (one node): ``rows_bytes`` is an ``actors.messages.ShmRows`` naming where; the rows are read in
+  place (``actors.shm_rows.RowsReader``), and a slot not, or no longer, at the generation named is a ``FAILED``
+  answer (``StaleRows``), never drafts from other rows. ``open_rows`` maps a verifier's region once, at attach
+  (and unlinks its name); ``close_rows`` unmaps it.
 - ``branches(req_ids)``: with asynchronous drafting, the engine's ``after_step`` (fold the step's real hidden
   states, draft the next step's branches), answered with a ``BranchTable`` of those sequences. The verifier
   calls it right after each ``draft_step`` without waiting, and keeps the reply's object ref for its next step.
@@ -38,7 +43,9 @@ from actors.messages import (
     DraftResult,
     DraftStatus,
     DraftStep,
+    ShmRows,
 )
+from actors.shm_rows import RowsReader, StaleRows
 from actors.timing import ms_since
 
 logger = logging.getLogger(__name__)
@@ -95,17 +102,51 @@ class DrafterActor:
         self.branch_hits = 0
         self.branch_lookups = 0
         self.compute_ms: deque[float] = deque(maxlen=1024)  # per step, since the last load_window() read
+        self.rows = RowsReader()  # verifiers' shared-memory regions (one node)
+        self.stale_rows = 0  # steps refused for rows rewritten under them (StaleRows)
 
     def info(self) -> dict[str, Any]:
         """What a verifier's client needs to know about this drafter."""
-        return {"drafter_id": self.drafter_id, "drafts_branches": self.engine.branch_config is not None}
+        return {"drafter_id": self.drafter_id, "drafts_branches": self.engine.branch_config is not None,
+                "node_id": _node_id()}
 
     def draft_step(self, step_bytes: bytes, hidden: np.ndarray) -> bytes:
+        return self._answer(step_bytes, lambda step: self.engine.draft(step, hidden))
+
+    def draft_step_shm(self, step_bytes: bytes, rows_bytes: bytes) -> bytes:
+        def draft(step: DraftStep) -> DraftResult:
+            meta = ShmRows.unpack(rows_bytes)
+            result = self.engine.draft(step, self.rows.view(meta, step.hidden_dtype))  # in place, read-only
+            try:
+                self.rows.check_unchanged(meta)
+            except StaleRows:  # drafted from rows that changed under it: nothing of this step is kept
+                self.engine.discard_step([s.req_id for s in step.seqs])
+                self.stale_rows += 1
+                raise
+            return result
+
+        return self._answer(step_bytes, draft)
+
+    def open_rows(self, name: str, nonce_hex: str) -> bool:
+        """Map a verifier's shared-memory region (``actors.shm_rows.ShmRegion.open``); False (logged) if it cannot:
+        that verifier then sends this drafter its rows by the host path."""
+        try:
+            self.rows.open(name, nonce_hex)
+            return True
+        except Exception as e:
+            logger.warning("drafter: cannot map shared-memory region %s (%s)", str(name)[:60], e)
+            return False
+
+    def close_rows(self, name: str) -> None:
+        self.rows.close(name)
+
+    def _answer(self, step_bytes: bytes, draft) -> bytes:
+        """``draft(step)`` for the step in ``step_bytes``, packed; its failures as a ``FAILED`` result."""
         step_id = -1
         try:
             step = DraftStep.unpack(step_bytes)
             step_id = step.step_id
-            result = self.engine.draft(step, hidden)
+            result = draft(step)
         except BadStep as e:  # the sender's fault: the reason, no traceback
             self.failures += 1
             logger.warning("drafter refused a step: %s", e)
@@ -174,6 +215,8 @@ class DrafterActor:
             "prefix_miss_tokens": self.engine.prefix_miss_tokens,
             "prefix_cached_blocks": self.engine.prefix_store.num_cached if self.engine.prefix_store else 0,
             "prefix_evicted_blocks": self.engine.prefix_store.evicted if self.engine.prefix_store else 0,
+            "shm_regions": len(self.rows.regions),
+            "stale_rows": self.stale_rows,
         }
 
     def load_window(self) -> dict[str, float]:
@@ -187,6 +230,16 @@ class DrafterActor:
 
     def ping(self) -> bool:
         return True
+
+
+def _node_id() -> str:
+    """This process's Ray node id ("" outside Ray): a verifier on the same node sends rows by shared memory."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+    except Exception:
+        return ""
 
 
 def drafter_actor_class(**options: Any):

@@ -387,6 +387,12 @@ class DrafterEngine:
     def num_active_sequences(self) -> int:
         return self.cache.num_active
 
+    def discard_step(self, req_ids: list[str]) -> None:
+        """The step just drafted must not count (its rows were not the verifier's): what ``after_step`` would do for
+        it dropped, and its sequences freed (their cache holds those rows)."""
+        self._pending = None
+        self.free(req_ids)
+
     def free(self, req_ids: list[str]) -> None:
         self.cache.free(req_ids)
         for rid in req_ids:

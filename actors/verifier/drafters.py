@@ -24,8 +24,10 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from actors.verifier.transport import HostRows, RowsTransport, Transports
 
 logger = logging.getLogger(__name__)
 DRAFT_TIMEOUT_S = 10.0  # a draft call slower than this drafts nothing (its drafter is dropped), unless configured
@@ -53,6 +55,8 @@ class DrafterLink:
     placed: int = 0  # sequences this verifier placed on it since that report
     branches_ref: Any = None  # ObjectRef of the BranchTable being drafted for the next step
     unchecked: Any = None  # ObjectRef of the last draft_step() nobody waited for
+    rows: RowsTransport = field(default_factory=HostRows)  # how its steps' hidden rows reach it (at attach)
+    info: dict[str, Any] = field(default_factory=dict)  # what it said of itself at attach (node_id, ...)
 
     def report(self, active_sequences: int) -> None:
         self.load, self.placed = active_sequences, 0
@@ -99,6 +103,7 @@ class Quarantined:
     drafts_branches: bool
     probe: Any  # ObjectRef of the health probe sent when it was dropped
     since: float  # time.monotonic()
+    info: dict[str, Any] = field(default_factory=dict)  # its info at attach, for when it is readmitted
 
 
 class Quarantine:
@@ -112,13 +117,13 @@ class Quarantine:
     def __contains__(self, drafter_id: str) -> bool:
         return drafter_id in self.held
 
-    def hold(self, drafter_id: str, actor: Any, drafts_branches: bool) -> None:
+    def hold(self, drafter_id: str, actor: Any, drafts_branches: bool, info: dict[str, Any] | None = None) -> None:
         """Send the probe (never waited for; a dead actor's probe just fails)."""
         try:
             probe = actor.probe.remote()
         except Exception:  # the handle is unusable: the drafter is gone
             probe = None
-        self.held[drafter_id] = Quarantined(actor, drafts_branches, probe, time.monotonic())
+        self.held[drafter_id] = Quarantined(actor, drafts_branches, probe, time.monotonic(), dict(info or {}))
 
     def recovered(self) -> list[tuple[str, Quarantined]]:
         """The drafters whose probe answered well since the last call (released); forgets the long-silent ones.
@@ -149,8 +154,10 @@ class Drafters:
     """The usable drafters (``links``), the dropped ones (``quarantine``), and the discovery that finds more."""
 
     def __init__(self, finder: Finder | None, timeout_s: float = DRAFT_TIMEOUT_S,
-                 discover_period_s: float = DISCOVER_PERIOD_S) -> None:
+                 discover_period_s: float = DISCOVER_PERIOD_S, transports: Transports | None = None) -> None:
+        """``transports``: picks each new link's hidden-row transport (default: ``auto``)."""
         self.finder = finder
+        self.transports = transports or Transports()
         self.deadline = StepDeadline(timeout_s)
         self.quarantine = Quarantine()
         self.discover_period_s = discover_period_s
@@ -169,16 +176,21 @@ class Drafters:
     def start(self, wait_s: float = START_WAIT_S) -> None:
         """At the engine's start: the first discovery, waited for up to ``wait_s`` (so a pool that is up drafts from
         the first request); one that takes longer goes on in the background."""
+        deadline = time.monotonic() + wait_s
         self._discover()
         if self._finding is not None:
             wait_futures([self._finding], timeout=wait_s)
             self._discover()
+        for link in self.links.values():  # so the first steps' rows already go by shared memory
+            wait_open = getattr(link.rows, "wait_open", None)
+            if wait_open is not None:
+                wait_open(max(0.0, deadline - time.monotonic()))
 
     def usable(self) -> bool:
         """Whether some drafter can draft this step. Never blocks: readmits drafters whose probe answered, adds what
         the background discovery found, and starts the next one when it is due."""
         for drafter_id, q in self.quarantine.recovered():
-            self.add(drafter_id, q.actor, {"drafts_branches": q.drafts_branches})
+            self.add(drafter_id, q.actor, {**q.info, "drafts_branches": q.drafts_branches})
             self.events.append((time.time(), "readmitted", 0))
         self._discover()
         return bool(self.links)
@@ -219,7 +231,13 @@ class Drafters:
         """A drafter in use, unless it is already, or held out."""
         if not self.known(drafter_id):
             self.links[drafter_id] = DrafterLink(drafter_id, actor, bool(info.get("drafts_branches")),
-                                                 int(info.get("active_sequences", 0)))
+                                                 int(info.get("active_sequences", 0)),
+                                                 rows=self.transports.attach(actor, info), info=dict(info))
+
+    def close(self) -> None:
+        """The verifier goes away: every link's transport closed (shared-memory regions unlinked)."""
+        for link in self.links.values():
+            link.rows.close()
 
     def drop(self, link: DrafterLink, lost: list[str], error: str, waited: Any = None) -> None:
         """A drafter failed: out of use until its probe answers, its calls cancelled (``waited``: the one this step
@@ -228,7 +246,8 @@ class Drafters:
         them once idle (``DraftKVCache.evict_idle``)."""
         self.links.pop(link.drafter_id, None)
         link.cancel_calls(waited)
-        self.quarantine.hold(link.drafter_id, link.actor, link.drafts_branches)
+        link.rows.close()  # its shared-memory region unlinked; a readmitted drafter gets a new one
+        self.quarantine.hold(link.drafter_id, link.actor, link.drafts_branches, link.info)
         if lost:
             try:
                 link.actor.free.remote(list(lost))

@@ -9,8 +9,9 @@ One step, for each home's share of it (``DraftStep.select``), a ``HomePlan``:
 1. ``send``: the home's ``BranchTable`` for this step, the object ref kept from its last ``branches()`` call. Usually
    ready (the drafter drafted it while the verifier verified), so reading it costs no call; if the drafter is still
    drafting it, the step waits (``wait_ms``). Each sequence's real outcome is looked up in it
-   (``BranchTable.lookup``): a *hit* has its drafts now. Then the sub-step goes to the home (``draft_step``, the
-   hidden rows as the call's argument), and ``branches()`` for every sequence homed there (one vLLM did not schedule
+   (``BranchTable.lookup``): a *hit* has its drafts now. Then the sub-step goes to the home (``draft_step``; its
+   hidden rows through the link's transport, ``actors.verifier.transport``: shared memory on one node, else the
+   call's argument), and ``branches()`` for every sequence homed there (one vLLM did not schedule
    this step still has its branches when it is back). Neither is waited for here.
 2. ``collect``: the misses' drafts are waited for only when enough of the step missed (``wait_for_misses``) or the
    drafter drafts no branches; otherwise the misses are short this step (``Short.CONTEXT``) and were sent as
@@ -37,7 +38,7 @@ from actors.messages import BranchTable, DraftResult, DraftStatus, DraftStep, Se
 from actors.verifier.drafters import DRAFT_TIMEOUT_S, DrafterLink, Drafters, Finder
 from actors.verifier.homes import Homes
 from actors.verifier.speculator import Drafts, Short
-from actors.wire import encode_hidden
+from actors.verifier.transport import StepRows, TransportConfig, Transports
 
 logger = logging.getLogger(__name__)
 
@@ -66,14 +67,20 @@ class Ticket:
 
 class RemoteSpeculator:
     def __init__(self, finder: Finder | None, timeout_s: float = DRAFT_TIMEOUT_S, new_group_size: int = 4,
-                 wait_for_misses: float = 0.5, vocab_size: int | None = None, discover_period_s: float = 1.0) -> None:
+                 wait_for_misses: float = 0.5, vocab_size: int | None = None, discover_period_s: float = 1.0,
+                 hidden_transport: str = "auto", shm_slots: int = 4, shm_slot_mib: float = 16.0) -> None:
         """``vocab_size``: the target's; drafts outside it make their drafter a failed one.
+
+        ``hidden_transport``: how each step's hidden rows reach a drafter (``actors.verifier.transport``): ``auto``
+        (shared memory with a drafter on this node, else the host path), ``host`` or ``shm``; ``shm_slots`` and
+        ``shm_slot_mib``: each pair's region (a drafter's rows of a step past a slot go by the host path).
 
         ``wait_for_misses``: wait for drafts made on demand when more than this share of a step's drafted sequences
         missed their branch table. Waiting W ms for a step of T ms gains (MAL - 1) tokens per missed sequence; it
         pays while the missed share exceeds MAL * W / ((MAL - 1) * (T + W)): about 0.5 with MAL 2.3 and
         W / (T + W) 0.3, as measured here."""
-        self.drafters = Drafters(finder, timeout_s, discover_period_s)
+        self.transports = Transports(TransportConfig(hidden_transport, shm_slots, shm_slot_mib))
+        self.drafters = Drafters(finder, timeout_s, discover_period_s, self.transports)
         self.homes = Homes(new_group_size)
         self.wait_for_misses = wait_for_misses
         self.vocab_size = vocab_size
@@ -101,7 +108,7 @@ class RemoteSpeculator:
         drafts = Drafts(np.zeros((len(req_ids), k), np.int64),
                         {i: Short.NO_DRAFTER for i, rid in enumerate(req_ids) if rid not in self.homes.home})
         ticket = Ticket(req_ids, start + d.deadline.seconds(), drafts)
-        array, dtype = encode_hidden(hidden)
+        rows_out = StepRows(hidden)  # [num_tokens, fused_hidden_size] as the rows travel; no copy on the CPU
         groups = self.homes.groups(req_ids)
         ticket.homes = len(groups)
         subs = []
@@ -116,7 +123,7 @@ class RemoteSpeculator:
             finally:
                 drafts.timing.wait_ms += (time.perf_counter() - t) * 1e3
             sub, rows = step.select(idx)
-            sub.hidden_dtype = dtype
+            sub.hidden_dtype = rows_out.dtype
             if not link.drafts_branches:  # no branches to draft from the context: it drafts, and we wait
                 sub.seqs = [replace(s, role=SeqRole.DRAFT) for s in sub.seqs]
             found = table.lookup(sub)
@@ -138,7 +145,7 @@ class RemoteSpeculator:
                 for j in plan.missed:
                     sub.seqs[j] = replace(sub.seqs[j], role=SeqRole.CONTEXT)
                     drafts.short[plan.idx[j]] = Short.CONTEXT
-            plan.ref = link.actor.draft_step.remote(sub.pack(), array[rows])
+            plan.ref = link.rows.send(link.actor, sub.pack(), rows_out, rows)  # the home's rows: one host copy or two
             link.branches_ref = link.actor.branches.remote(homed[link.drafter_id]) if link.drafts_branches else None
             if not plan.waited:
                 link.unchecked = plan.ref
@@ -217,10 +224,15 @@ class RemoteSpeculator:
         return {"rehomed": h.rehomed, "homes": dict(Counter(h.home.values())), "events": list(d.events),
                 "drafters": len(d.links), "quarantined": len(d.quarantine.held), "deadline_s": d.deadline.seconds(),
                 "prefix_hit_tokens": self.prefix_tokens["hit"], "prefix_miss_tokens": self.prefix_tokens["miss"],
-                "prefix_homed": h.prefix_homed}
+                "prefix_homed": h.prefix_homed, "transport": self.transports.stats.as_dict()}
+
+    def close(self) -> None:
+        """The verifier goes away: the drafters' shared-memory regions unlinked (also done at exit)."""
+        self.drafters.close()
 
 
-SPECULATOR_KEYS = frozenset({"timeout_s", "new_group_size", "wait_for_misses", "vocab_size", "discover_period_s"})
+SPECULATOR_KEYS = frozenset({"timeout_s", "new_group_size", "wait_for_misses", "vocab_size", "discover_period_s",
+                             "hidden_transport", "shm_slots", "shm_slot_mib"})
 
 
 def build_speculator(spec: dict[str, Any]) -> RemoteSpeculator:

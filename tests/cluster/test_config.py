@@ -63,6 +63,7 @@ def _pool_error(**drafter) -> str:
         (("verifier", "nonsense"), 1, "verifier.nonsense"),
         (("speculative_config", "method"), "eagle", "but"),  # an EAGLE-3 head declared as EAGLE
         (("verifier", "engine_spin_s"), 0, "verifier.engine_spin_s"),  # a busy loop of 0 loses vLLM's wake-ups
+        (("verifier", "hidden_transport"), "nvlink", "verifier.hidden_transport"),
     ],
 )
 def test_bad_config_names_the_field(path, value, expect):

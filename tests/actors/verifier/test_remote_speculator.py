@@ -7,6 +7,8 @@ wait for them; an answer nobody waited for that turns out FAILED drops its draft
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import ray
@@ -25,11 +27,23 @@ K = 3
 ASYNC = {"bonus_fanout": 2, "recovered_fanout": 1}
 
 
+def shm_regions() -> set[str]:
+    from actors.shm_rows import REGION_PREFIX, SHM_DIR
+
+    return {n for n in os.listdir(SHM_DIR) if n.startswith(REGION_PREFIX)}
+
+
 @pytest.fixture(scope="module")
 def ray_local():
+    before = shm_regions()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="test-remote-speculator")
     yield
     ray.shutdown()
+    assert shm_regions() == before  # every verifier-drafter region unlinked
+
+
+def transport(speculator: RemoteSpeculator) -> dict:
+    return speculator.stats()["transport"]
 
 
 def step(step_id: int, seqs: list[tuple[str, int, list[int], SeqRole]], width: int) -> tuple[DraftStep, torch.Tensor]:
@@ -96,12 +110,19 @@ def test_hits_do_not_wait_misses_do(ray_local, toy_heads):
     assert not drafts.timing.all_hits and drafts.hits == [] and not drafts.errors and not drafts.short
     assert drafts.ids.shape == (1, K) and drafts.ids.dtype == np.int64
 
+    # Both actors on this node: every step's rows went by shared memory (auto), the region mapped at start.
+    assert transport(speculator)["sent"] == {"shm": 3} and transport(speculator)["fallbacks"] == {}
+    (link,) = speculator.drafters.links.values()
+    region = link.rows.region.name
+    assert region not in shm_regions()  # mapped by the drafter, so unlinked: nothing to leak
+
     # The drafter dies: no drafts for the step, counted, never raised.
     kill(actor)
     drafts = draft(speculator, step(3, [("s", 13, [5, 6], SeqRole.DRAFT)], width))
     assert len(drafts.errors) == 1 and not drafts.ids.any() and drafts.short == {0: Short.FAILED}
     assert [kind for _, kind, _ in speculator.drafters.events] == ["attached", "failed"]
     assert not speculator.ready()  # the only drafter is out until its probe answers (it never will)
+    assert link.rows.state == "closed"
 
 
 class FixedFinder:
@@ -149,6 +170,8 @@ def test_dead_home_rehomes_and_frees_go_home(ray_local, toy_heads, branches):
     assert homes.rehomed == 1
     assert [kind for _, kind, _ in speculator.drafters.events] == ["attached", "attached", "failed", "rehomed"]
     assert speculator.stats()["rehomed"] == 1 and speculator.stats()["quarantined"] == 1
+    sent = transport(speculator)["sent"]
+    assert sent["shm"] >= 4 and "host" not in sent  # both drafters on this node: shared memory, a region each
     survivor = next(a for a in actors if a is not victim)
     speculator.free(["a", "b"])  # sent to their home at once
     assert homes.home == {}

@@ -81,6 +81,8 @@ def test_greedy_exact_and_counters_match_colocated(ray_cluster, head, method, pr
     # Per-request acceptance (the verifier's own bookkeeping) adds up to vLLM's totals.
     driver = ProposerStats.of_driver(rpc)
     assert driver.failures == 0
+    # The verifier (vLLM's worker, a Ray driver) and the drafter share this node: rows by shared memory (auto).
+    assert driver.client["transport"]["sent"].get("shm", 0) > 0, driver.client["transport"]
     per_req = driver.per_request.values()
     assert sum(r.num_accepted_tokens for r in per_req) == stats.num_accepted_tokens
     assert sum(r.num_drafts for r in per_req) == stats.num_drafts
@@ -178,6 +180,7 @@ def test_drafter_death_fails_nothing(ray_cluster, prompts, greedy, reference):
     assert [t[:48] for t in tokens] == reference
     assert all(len(t) == 96 for t in tokens)
     assert stats.failures > 0  # logged and counted
+    assert stats.client["transport"]["sent"].get("shm", 0) > 0  # it died reading rows by shared memory
 
 
 def test_drafter_step_error_is_reported_not_raised(tmp_path):
