@@ -217,7 +217,7 @@ class RemoteSpeculator:
         return {"rehomed": h.rehomed, "homes": dict(Counter(h.home.values())), "events": list(d.events),
                 "drafters": len(d.links), "quarantined": len(d.quarantine.held), "deadline_s": d.deadline.seconds(),
                 "prefix_hit_tokens": self.prefix_tokens["hit"], "prefix_miss_tokens": self.prefix_tokens["miss"],
-                "prefix_homed": h.prefix_homed}
+                "prefix_homed": h.prefix_homed, "rehomed_ids": list(h.rehomed_ids)}
 
 
 SPECULATOR_KEYS = frozenset({"timeout_s", "new_group_size", "wait_for_misses", "vocab_size", "discover_period_s"})
