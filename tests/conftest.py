@@ -79,7 +79,8 @@ def ray_cluster(request):
     actors live there)."""
     import ray
 
-    ray.init(namespace=request.module.NS, num_cpus=4, include_dashboard=False, log_to_driver=False)
+    # address "local": a cluster of its own, even where another one on the machine is Ray's "current" (``ray start``)
+    ray.init(address="local", namespace=request.module.NS, num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -14,7 +14,7 @@ Used by ``actors.verifier.remote_speculator`` once per step, before the step is 
 
 from __future__ import annotations
 
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Iterable
 
 from actors.drafter.prefix_cache import block_hashes
@@ -22,6 +22,7 @@ from actors.messages import DraftStep
 from actors.verifier.drafters import DrafterLink
 
 PREFIX_INDEX_BLOCKS = 65536  # block hashes remembered with the drafter last sent them (the latest)
+REHOMED_IDS = 1024  # the latest re-homed sequences' ids kept (``rehomed_ids``)
 
 
 class Homes:
@@ -30,6 +31,7 @@ class Homes:
         self.home: dict[str, str] = {}  # req_id -> drafter id
         self.lost: dict[str, str] = {}  # req_id -> the home it lost, until re-homed
         self.rehomed = 0  # sequences that moved to another drafter
+        self.rehomed_ids: deque[str] = deque(maxlen=REHOMED_IDS)  # ... the latest of them, oldest first
         self.prefix_index: OrderedDict[bytes, str] = OrderedDict()  # block hash -> drafter last sent it, oldest first
         self.prefix_homed = 0  # new sequences homed by their prompt's prefix
 
@@ -101,7 +103,10 @@ class Homes:
     def _settle(self, rid: str, drafter_id: str) -> bool:
         """Home ``rid`` on ``drafter_id``; True if it had lost its home."""
         self.home[rid] = drafter_id
-        return self.lost.pop(rid, None) is not None
+        if self.lost.pop(rid, None) is None:
+            return False
+        self.rehomed_ids.append(rid)
+        return True
 
     def _prefix_home(self, hashes: list[bytes], links: dict[str, DrafterLink], max_load: float) -> DrafterLink | None:
         """The usable drafter last sent the longest prefix of these block hashes, if not loaded past ``max_load``."""

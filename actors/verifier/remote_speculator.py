@@ -224,7 +224,8 @@ class RemoteSpeculator:
         return {"rehomed": h.rehomed, "homes": dict(Counter(h.home.values())), "events": list(d.events),
                 "drafters": len(d.links), "quarantined": len(d.quarantine.held), "deadline_s": d.deadline.seconds(),
                 "prefix_hit_tokens": self.prefix_tokens["hit"], "prefix_miss_tokens": self.prefix_tokens["miss"],
-                "prefix_homed": h.prefix_homed, "transport": self.transports.stats.as_dict()}
+                "prefix_homed": h.prefix_homed, "rehomed_ids": list(h.rehomed_ids),
+                "transport": self.transports.stats.as_dict()}
 
     def close(self) -> None:
         """The verifier goes away: the drafters' shared-memory regions unlinked (also done at exit)."""

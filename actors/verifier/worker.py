@@ -128,7 +128,9 @@ class RemoteDraftWorker(_PlatformWorker):
         vllm_fixes.apply()
         self.split = StepSplit()
         self._last_start: float | None = None
-        self._skipped_takes = 0  # steps whose output said "no drafts", so the engine core asked for none
+        self._marked_no_drafts = 0  # steps whose output said "no drafts" (the engine core should not ask for them)
+        self._take_calls = 0  # take_draft_token_ids calls that reached this worker (the engine core asked)
+        self._sampled_steps = 0  # sample_tokens calls: steps after which the engine core asks, unless marked
         super().__init__(*args, **kwargs)
 
     @property
@@ -155,17 +157,19 @@ class RemoteDraftWorker(_PlatformWorker):
 
     def sample_tokens(self, *args: Any, **kwargs: Any):
         output = self._timed(self.split.sample_ms, super().sample_tokens, *args, **kwargs)
+        self._sampled_steps += 1
         if (adapter := self.adapter) is not None and adapter.speculation is not None:
             no_drafts = adapter.nothing_to_take()
             if no_drafts:
                 mark_no_drafts(output)  # the engine core skips take_draft_token_ids (actors.verifier.draft_handoff)
-                self._skipped_takes += 1
+                self._marked_no_drafts += 1
             engine_spin.drafting(not no_drafts)  # a step without drafts waits on no drafter: vLLM's busy loop
         return output
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         """The drafts vLLM's scheduler schedules for the next step (``RemoteEagleProposer.take``). The scheduler reads
         the output rank's answer: tensor-parallel rank 0, the driver."""
+        self._take_calls += 1
         placeholders = super().take_draft_token_ids()
         adapter = self.adapter
         return placeholders if adapter is None else adapter.take(placeholders)
@@ -259,7 +263,9 @@ class RemoteDraftWorker(_PlatformWorker):
             "mm_rows_shipped": st.mm_rows_shipped if st else 0,
             "mm_steps": st.mm_steps if st else 0,
             "plain_steps": adapter.plain_steps[0] if adapter else 0,  # decode steps without drafts run target-only
-            "steps_without_take": self._skipped_takes,  # ... whose drafts the engine core did not ask for
+            "steps_marked_no_drafts": self._marked_no_drafts,  # steps whose output said "no drafts" (draft_handoff)
+            "sampled_steps": self._sampled_steps,  # steps this worker sampled
+            "take_calls": self._take_calls,  # the engine core's asks for drafts that reached this worker
             # (batch size, k, period ms) of each step the draft-length policy timed (``auto`` only)
             "draft_length_periods": list(getattr(policy, "history", ())),
             "timings": [dataclasses.asdict(t) for t in st.timings] if st else [],

@@ -6,7 +6,8 @@ one cluster for the whole module, in this order):
 2. the drafter application deployed afterwards (as ``serve deploy`` does): attached in the background, drafting;
 3. the sole drafter (its replica process and its drafter actor) SIGSTOPped under load, then SIGCONTed: 0 failed,
    exact, ``eagle_cluster_drafters 0`` while it hangs, drafting again after;
-4. the drafter application deleted under load and deployed again: 0 failed, exact, drafting again.
+4. the drafter application deleted under load and deployed again: drafting before the delete, requests in flight
+   as it went and as it came back (the load keeps going until it is RUNNING), 0 failed, exact, drafting again.
 
 Figures (seconds until drafting, longest gap between chunks is the benchmark's: ``benchmarks.faults``)
 are printed; ``-s`` shows them. Greedy outputs are compared token for token with vLLM target-only.
@@ -35,7 +36,7 @@ from cluster.harness import (
     serve_run,
     without_drafter_app,
 )
-from tests.cluster.traffic import check_exact, send
+from tests.cluster.traffic import check_exact, send, spanning
 
 pytestmark = [pytest.mark.slow, pytest.mark.isolated]
 MAX_TOKENS = 48
@@ -166,16 +167,25 @@ def test_drafter_application_deleted_and_redeployed_under_load(server, reference
     from ray import serve
 
     marks: dict[str, float] = {}
+    errors: list[BaseException] = []
+    done = threading.Event()
+    drafts_at_start = metrics()["draft_tokens"]
 
-    def redeploy() -> None:
-        serve.delete(DRAFTER_APP_NAME)  # blocks until the application is gone
-        marks["deleted"] = time.time()
-        while metrics()["eagle_cluster_drafters"] and time.time() - marks["deleted"] < 10:
-            time.sleep(0.2)  # the verifier drops the drafter at the first step that fails on it
-        marks["drafters_after_delete"] = metrics()["eagle_cluster_drafters"]
-        deploy_apps(full_doc)
-        wait_running(DRAFTER_APP_NAME)
-        marks["running"] = time.time()
+    def redeploy() -> None:  # in a thread of its own, under the load; what it raises is raised below
+        try:
+            marks["drafted_before"] = metrics()["draft_tokens"] - drafts_at_start  # drafting under this load
+            serve.delete(DRAFTER_APP_NAME)  # blocks until the application is gone
+            marks["deleted"] = time.time()
+            while metrics()["eagle_cluster_drafters"] and time.time() - marks["deleted"] < 10:
+                time.sleep(0.2)  # the verifier drops the drafter at the first step that fails on it
+            marks["drafters_after_delete"] = metrics()["eagle_cluster_drafters"]
+            deploy_apps(full_doc)
+            wait_running(DRAFTER_APP_NAME)
+            marks["running"] = time.time()
+        except BaseException as e:
+            errors.append(e)
+        finally:
+            done.set()
 
     thread = threading.Thread(target=redeploy)
 
@@ -184,11 +194,21 @@ def test_drafter_application_deleted_and_redeployed_under_load(server, reference
             marks["started"] = time.time()
             thread.start()
 
-    results = asyncio.run(send(list(reference) * 4, CONCURRENCY, MAX_TOKENS, during=fault))
+    spans: list[tuple[float, float]] = []  # the load goes on until the application is back
+    results = asyncio.run(send(list(reference), CONCURRENCY, MAX_TOKENS, during=fault, spans=spans,
+                               until=done.is_set))
     thread.join()
+    if errors:
+        raise errors[0]
     check_exact(results, reference)
+    assert marks["drafted_before"] > 0, "no draft token verified before the delete: drafting was off"
     assert marks["drafters_after_delete"] == 0
+    # requests in flight the moment the application was gone, and the moment it was back
+    going = spanning(spans, marks["deleted"], marks["deleted"])
+    back = spanning(spans, marks["running"], marks["running"])
+    assert going > 0 and back > 0, (going, back, len(spans))
     drafting = wait_drafting()
     print(f"\ndrafter application deleted under load ({marks['deleted'] - marks['started']:.1f} s), deployed again "
-          f"(RUNNING {marks['running'] - marks['deleted']:.1f} s later): 0 failed, exact; drafting "
+          f"(RUNNING {marks['running'] - marks['deleted']:.1f} s later): {len(results)} requests, 0 failed, exact, "
+          f"{going} in flight when it was gone, {back} when it was back; drafting "
           f"{time.time() - marks['running']:.1f} s after RUNNING (probe {drafting:.1f} s)")

@@ -1,9 +1,11 @@
 """``serve deploy`` the long-lived way, with real processes: ``ray start --head`` in another folder, ``serve
-deploy`` of the CPU default (its relative model paths unchanged), completions through the ``openai`` client, then
-two redeploys and what each costs:
+deploy`` of the CPU default (its relative model paths unchanged; k fixed, ``EVERY_STEP_DRAFTS``, so that the load
+drafts), completions through the ``openai`` client, then two redeploys and what each costs:
 
-- the drafter application (``num_replicas: 2`` in its args) while 16 requests stream: every stream finishes
-  with greedy output identical to vLLM target-only, and the verifier's replica process is the same one;
+- the drafter application (``num_replicas: 2`` in its args) while 16 requests stream (streams started again as
+  each ends, until the drafter replicas changed): drafting was on before the swap, streams were in flight as it
+  was seen, every stream finishes with greedy output identical to vLLM target-only, and the verifier's replica
+  process is the same one;
 - target model (a copy of the checkpoint in another folder): a new verifier replica (and new drafters); the seconds
   without service are printed (``-s``) and written in the README.
 
@@ -18,15 +20,19 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
+from actors.metrics import from_prometheus_text
 from cluster import deploy_yaml
 from cluster.config import APP_NAME, DRAFTER_APP_NAME, DRAFTER_DEPLOYMENT
-from cluster.harness import HTTP, MODEL, get, stop_ray
+from cluster.harness import EVERY_STEP_DRAFTS, HTTP, MODEL, get, stop_ray
+from tests.cluster.traffic import spanning
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.isolated]
@@ -53,9 +59,11 @@ def replica_pids(deployment: str, cwd: Path) -> set[int]:
 
 
 def app_yaml(tmp: Path, name: str, drafter: dict | None = None, **sections: dict) -> Path:
-    """The shipped ``deploy/cpu.yaml`` (relative model paths kept), ``sections`` merged in (``drafter``: into the
-    drafter application's args)."""
-    return deploy_yaml.write(deploy_yaml.with_changes(deploy_yaml.load(), drafter=drafter, **sections), tmp / name)
+    """The shipped ``deploy/cpu.yaml`` (relative model paths kept) drafting at every step (``EVERY_STEP_DRAFTS``),
+    ``sections`` merged in (``drafter``: into the drafter application's args)."""
+    doc = deploy_yaml.with_changes(deploy_yaml.load(), drafter=drafter,
+                                   **{"speculative_config": EVERY_STEP_DRAFTS, **sections})
+    return deploy_yaml.write(doc, tmp / name)
 
 
 def wait_running(cwd: Path, timeout_s: float = 600, replicas: dict[str, int] | None = None) -> float:
@@ -94,8 +102,11 @@ def cluster(tmp_path_factory, reference):
         stop_ray()
 
 
-async def _streams(prompts: list[str], during=None) -> list[tuple[str, list[int] | str]]:
-    """Stream ``prompts`` at once; ``during()`` runs in a thread once every stream has its first tokens."""
+async def _streams(prompts: list[str], during=None, spans: list[tuple[float, float]] | None = None,
+                   until: Callable[[], bool] | None = None) -> list[tuple[str, list[int] | str]]:
+    """Stream ``prompts`` at once; ``during()`` runs in a thread once every stream has its first tokens. ``spans``
+    gets each stream's (start, end) wall times; ``until``: each prompt is streamed again as its stream ends, until
+    it returns True."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=HTTP + "/v1", api_key="unused", max_retries=0, timeout=600)
@@ -105,6 +116,7 @@ async def _streams(prompts: list[str], during=None) -> list[tuple[str, list[int]
     async def one(prompt: str) -> tuple[str, list[int] | str]:
         nonlocal first
         ids: list[int] = []
+        start = time.time()
         try:
             stream = await client.completions.create(
                 model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True,
@@ -119,12 +131,21 @@ async def _streams(prompts: list[str], during=None) -> list[tuple[str, list[int]
             return prompt, ids
         except Exception as e:
             return prompt, f"{type(e).__name__}: {e}"
+        finally:
+            if spans is not None:
+                spans.append((start, time.time()))
 
-    tasks = [asyncio.create_task(one(p)) for p in prompts]
+    async def lane(prompt: str) -> list[tuple[str, list[int] | str]]:
+        out = [await one(prompt)]
+        while until is not None and not until():
+            out.append(await one(prompt))
+        return out
+
+    tasks = [asyncio.create_task(lane(p)) for p in prompts]
     if during is not None:
         await asyncio.wait_for(started.wait(), timeout=300)
         await asyncio.to_thread(during)
-    results = await asyncio.gather(*tasks)
+    results = [r for lane_results in await asyncio.gather(*tasks) for r in lane_results]
     await client.close()
     return results
 
@@ -149,25 +170,59 @@ def test_deploy_from_another_folder_serves_exact(cluster, reference, tmp_path):
     _check(results, reference)
 
 
+def _drafts() -> int:
+    """vLLM's drafts verified so far (``/metrics``)."""
+    return from_prometheus_text(get("/metrics")[1].decode()).num_drafts
+
+
 def test_drafter_redeploy_under_16_streams_keeps_the_verifier(cluster, reference, tmp_path):
     verifier_pid = _pid("Verifier", cluster)
     drafter_before = _pid("Drafter", cluster)
     v2 = app_yaml(tmp_path, "v2.yaml", drafter={"num_replicas": 2})
     marks: dict[str, float] = {}
+    errors: list[BaseException] = []
+    drafts_at_start = _drafts()
+    done = threading.Event()
 
-    def redeploy() -> None:
-        marks["deploy"] = time.time()
-        cli("serve", "deploy", str(v2), cwd=cluster)
+    def redeploy() -> None:  # in a thread of its own, under the streams; what it raises is raised below
+        try:
+            deadline = time.time() + 60  # drafts verified under this load, before the swap
+            while (drafted := _drafts() - drafts_at_start) == 0 and time.time() < deadline:
+                time.sleep(0.2)
+            marks["drafts_before"] = drafted
+            marks["deploy"] = time.time()
+            cli("serve", "deploy", str(v2), cwd=cluster)
+            while True:  # the swap: the drafter deployment's replicas change
+                polled = time.time()
+                if replica_pids("Drafter", cluster) not in (set(), {drafter_before}):
+                    marks["swapped"] = time.time()
+                    return
+                assert polled - marks["deploy"] < 300, "the drafter replicas never changed"
+                time.sleep(0.5)
+        except BaseException as e:
+            errors.append(e)
+        finally:
+            done.set()
 
-    results = asyncio.run(_streams(list(reference), during=redeploy))
+    thread = threading.Thread(target=redeploy)
+    spans: list[tuple[float, float]] = []
+    results = asyncio.run(_streams(list(reference), during=thread.start, spans=spans, until=done.is_set))
     marks["streams_done"] = time.time()
+    thread.join()
+    if errors:
+        raise errors[0]
     _check(results, reference)
+    assert marks["drafts_before"] > 0, "no draft verified before the swap: drafting was off"
+    # in flight when the new replica set was seen (the change came after the poll before it: ``ray list actors``
+    # takes seconds, longer than a stream here, so "in flight across that whole interval" is not asked)
+    across = spanning(spans, marks["swapped"], marks["swapped"])
+    assert across > 0, f"no stream was in flight when the drafter replicas changed ({len(spans)} streams)"
     took = wait_running(cluster, replicas={"Drafter": 2})
     assert _pid("Verifier", cluster) == verifier_pid, "a drafter-side redeploy restarted the verifier"
     first = "kept" if drafter_before in replica_pids("Drafter", cluster) else "replaced"
     print(f"\ndrafter redeploy under {NUM_STREAMS} streams: all exact; 2 drafters RUNNING "
           f"{marks['streams_done'] - marks['deploy'] + took:.0f} s after the deploy; verifier pid {verifier_pid} "
-          f"kept; first drafter {first}")
+          f"kept; first drafter {first}; {len(spans)} streams, {across} in flight at the swap")
 
 
 def test_target_model_redeploy_restarts_the_verifier(cluster, reference, tmp_path):

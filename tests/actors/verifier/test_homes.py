@@ -98,5 +98,6 @@ def test_lost_sequences_are_rehomed_and_released_ones_forgotten():
     del links["A"]
     assert homes.release(["c"]) == {} and "c" not in homes.lost  # finished while lost: nothing to free anywhere
     assert homes.place(["a", "b"], links, step, float("inf")) == 2 and homes.rehomed == 2 and not homes.lost
+    assert list(homes.rehomed_ids) == ["a", "b"]  # which ones: not the new sequences placed before
     assert homes.release(["a", "x"]) == {"B": ["a"]} and homes.home == {"b": "B"}
 

@@ -110,7 +110,7 @@ def test_drafter_killed_under_32_streams(server, reference):
         serve_until_two_drafters_served(reference)
     drafters = replica_actors("Drafter")
     assert len(drafters) == 2
-    marks: dict[str, object] = {"start": _spec()}
+    marks: dict[str, object] = {"start": _spec(), "rehomed_before": _spec_stats().client["rehomed_ids"]}
 
     def kill_after(elapsed: float) -> None:
         if "kill" not in marks and elapsed > 3:
@@ -123,6 +123,7 @@ def test_drafter_killed_under_32_streams(server, reference):
             victim = max(drafters, key=lambda a: homes.get(a["replica_id"], 0))
             marks["homes"] = homes
             marks["before"] = _spec()
+            marks["requests_before"] = _spec_stats().per_request  # each sequence's drafts so far
             marks["kill"] = time.time()
             os.kill(victim["pid"], signal.SIGKILL)
         elif "kill" in marks and "during" not in marks and time.time() - marks["kill"] > 2:
@@ -151,7 +152,18 @@ def test_drafter_killed_under_32_streams(server, reference):
     print(f"\nkill -> first failed draft call: {first_failed}; -> re-homed and drafting {recovery:.3f} s; "
           f"acceptance length before {before.mean_acceptance_length:.2f}, 2 s after the kill "
           f"{during.mean_acceptance_length:.2f}, after {after.mean_acceptance_length:.2f}")
-    assert after.num_accepted_tokens > 0
+    # The re-homed sequences themselves (not the survivor's own) drafted and had draft tokens accepted after the kill
+    final = _spec_stats()
+    rehomed_ids = set(final.client["rehomed_ids"]) - set(marks["rehomed_before"])
+    assert rehomed_ids, final.client["rehomed"]
+    before_kill = marks["requests_before"]
+    again = {}  # each re-homed sequence's drafts since the kill
+    for rid in rehomed_ids & set(final.per_request):
+        again[rid] = final.per_request[rid] - before_kill[rid] if rid in before_kill else final.per_request[rid]
+    drafted = sum(1 for st in again.values() if st.num_drafts > 0)
+    accepted = sum(st.num_accepted_tokens for st in again.values())
+    print(f"re-homed sequences: {len(rehomed_ids)}, {drafted} drafted again, {accepted} draft tokens accepted")
+    assert drafted > 0 and accepted > 0, again
 
 
 def test_fuzzed_steps_against_a_served_drafter(server):
@@ -226,7 +238,10 @@ def test_soak_500_requests_leaks_nothing(server, reference):
         assert mb < rss_before[rid] * 1.15 + 20, (rid, rss_before[rid], mb)
 
 
-def test_pool_scales_down_when_idle(server):
+def test_pool_scales_down_when_idle(server, reference):
+    if len(replica_actors("Drafter")) < 2:  # run alone, or the pool already began to scale down: scale up first
+        serve_until_two_drafters_served(reference)
+    assert len(replica_actors("Drafter")) == 2, "no scale-down to check: the pool has one replica"
     deadline = time.time() + 90
     while len(replica_actors("Drafter")) > 1 and time.time() < deadline:
         time.sleep(1)
