@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -102,9 +103,14 @@ def serve_command(config: Path) -> list[str]:
     return [str(BIN / "serve"), "run", str(config)]
 
 
-def start(cmd: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen:
+SERVE_PORTS = (8000, 8404, 9000)  # a Serve app here: HTTP, HAProxy's stats page, gRPC
+
+
+def start(cmd: list[str], env: dict[str, str] | None = None, log: Path | None = None,
+          ports: tuple[int, ...] = ()) -> subprocess.Popen:
     """A server command in its own process group (``stop`` ends the group), from the project's folder; its output
-    to ``log`` if given, else dropped."""
+    to ``log`` if given, else dropped. ``ports``: the ones it will listen on, waited for first (``wait_ports_free``)."""
+    wait_ports_free(ports)
     env = {**serve_env.environment(), "RAY_DEDUP_LOGS": "0", **(env or {})}  # the product's Serve defaults
     with open(log, "wb") if log else contextlib.nullcontext(subprocess.DEVNULL) as out:
         return subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -179,6 +185,40 @@ def stop_ray(temp_dir: str | None = None) -> list[int]:
     return sorted(victims)
 
 
+def wait_ports_free(ports: tuple[int, ...], timeout_s: float = 30.0) -> None:
+    """Until each of ``ports`` can be bound, ending orphaned HAProxies meanwhile (``kill_orphaned_haproxy``: the
+    last server's, still exiting, or one a crashed run left); a ``RuntimeError`` naming the processes that hold
+    them after ``timeout_s``, rather than a server that dies at start on "Address already in use"."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        kill_orphaned_haproxy()
+        busy = [port for port in ports if not _bindable(port)]
+        if not busy:
+            return
+        if time.monotonic() > deadline:
+            holders = set()
+            with contextlib.suppress(psutil.Error):
+                for c in psutil.net_connections(kind="tcp"):
+                    if c.laddr and c.laddr.port in busy and c.status == psutil.CONN_LISTEN and c.pid:
+                        with contextlib.suppress(psutil.Error):
+                            holders.add(f"{c.pid} {psutil.Process(c.pid).name()}")
+            raise RuntimeError(f"ports {busy} still in use after {timeout_s:.0f} s (by {sorted(holders) or 'unknown'})"
+                               ": another server runs on this machine")
+        time.sleep(0.5)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+        return True
+
+
 def session_processes(sid: int) -> list[int]:
     """The live processes of session ``sid`` (``start`` gives each server a session of its own: its pid)."""
     import psutil
@@ -214,7 +254,7 @@ def kill_orphaned_haproxy() -> list[int]:
 def serve_run(config: Path, timeout_s: float = 600) -> Iterator[subprocess.Popen]:
     """``serve run CONFIG`` until the app is healthy (its output in ``CONFIG.log``); stopped afterwards."""
     log = Path(config).with_suffix(".log")
-    proc = start(serve_command(config), log=log)
+    proc = start(serve_command(config), log=log, ports=SERVE_PORTS)
     try:
         wait_healthy(proc, HTTP, timeout_s, log)
         yield proc

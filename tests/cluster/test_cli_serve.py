@@ -12,7 +12,17 @@ import sys
 import pytest
 
 from cluster import dashboard
-from cluster.harness import HTTP, get, load_prompts, serve_run, session_processes, start, stop, wait_healthy
+from cluster.harness import (
+    HTTP,
+    SERVE_PORTS,
+    get,
+    load_prompts,
+    serve_run,
+    session_processes,
+    start,
+    stop,
+    wait_healthy,
+)
 from cluster.serve_cli import GRACE_S
 from tests.conftest import ROOT
 from tests.waits import wait_for
@@ -56,7 +66,7 @@ def served_texts(model: str, prompts: list[str]) -> dict[str, str]:
 
 def test_cli_serves_greedy_identical_to_target_only(reference, tmp_path):
     log = tmp_path / "cli.log"
-    proc = start(COMMAND, log=log)
+    proc = start(COMMAND, log=log, ports=SERVE_PORTS)
     try:
         wait_healthy(proc, HTTP, 600, log)
         # vLLM's default served name: the model as given on the command line

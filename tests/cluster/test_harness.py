@@ -1,16 +1,20 @@
-"""``cluster.harness.stop_ray``: ends the Ray sessions of one temporary folder and everything under them, and leaves
-another folder's alone. Real processes stand in for Ray's (a "raylet" naming its session folder, with a child as a
-worker would be; a second "raylet" of another folder): no Ray is started."""
+"""``cluster.harness.wait_ports_free`` names who holds a port; ``stop_ray`` ends the Ray sessions of one temporary
+folder and everything under them, and leaves another folder's alone. Real processes stand in for Ray's (a "raylet"
+naming its session folder, with a child as a worker would be; a second "raylet" of another folder): no Ray is
+started."""
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 import time
 
 import psutil
+import pytest
 
-from cluster.harness import stop_ray
+from cluster.harness import stop_ray, wait_ports_free
 
 # A stand-in for a raylet: names its session folder in its arguments, as Ray's do; starts one child (a "worker",
 # whose own arguments name nothing), prints the child's pid, then waits.
@@ -48,3 +52,14 @@ def test_stop_ray_ends_one_folders_sessions_and_their_descendants_only(tmp_path)
                 child.kill()
             proc.kill()
             proc.wait()
+
+
+def test_wait_ports_free_names_who_holds_a_port_and_returns_once_it_is_free():
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    with pytest.raises(RuntimeError, match=rf"ports \[{port}\] still in use .*{os.getpid()}"):
+        wait_ports_free((port,), timeout_s=1)
+    holder.close()
+    wait_ports_free((port,), timeout_s=5)  # free again: returns
