@@ -134,9 +134,10 @@ def wait_healthy(proc: subprocess.Popen, base: str = HTTP, timeout_s: float = 60
     raise TimeoutError(f"server not healthy in {timeout_s} s")
 
 
-def stop(proc: subprocess.Popen) -> float:
-    """SIGINT to the server's process group (a terminal's Ctrl-C), SIGKILL after two minutes; then ``stop_ray`` (what
-    a plain ``serve run`` left). Returns the seconds from SIGINT to the server's exit.
+def stop(proc: subprocess.Popen, end_left: bool = True) -> float:
+    """SIGINT to the server's process group (a terminal's Ctrl-C), SIGKILL after two minutes; then (``end_left``)
+    what a plain ``serve run`` left: its session's processes (``end_session``), its Ray (``stop_ray``), orphaned
+    HAProxies. Returns the seconds from SIGINT to the server's exit.
 
     ``eagle-cluster serve`` (``cluster.serve_cli``) bounds its own stop at ``GRACE_S``; a plain ``serve run`` has no
     bound, and on a loaded machine one took over a minute."""
@@ -148,9 +149,29 @@ def stop(proc: subprocess.Popen) -> float:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     took = time.monotonic() - start
+    if not end_left:
+        return took
+    end_session(proc.pid)
     stop_ray()
     kill_orphaned_haproxy()
     return took
+
+
+def end_session(sid: int, timeout_s: float = 30.0) -> list[int]:
+    """SIGKILL to every process left in session ``sid`` (``start`` gives each server a session of its own), waited
+    for; returns their pids. Ray's workers keep the session of the ``serve run`` that started Ray but not its
+    process group, and outlive a raylet that exits first (their command lines no longer name a session folder
+    ``stop_ray`` can find); so do Serve's HAProxy processes under them, holding ports 8000, 8404 and 9000."""
+    import psutil
+
+    left = []
+    for pid in session_processes(sid):
+        with contextlib.suppress(psutil.Error):
+            p = psutil.Process(pid)
+            p.kill()
+            left.append(p)
+    psutil.wait_procs(left, timeout=timeout_s)
+    return [p.pid for p in left]
 
 
 def stop_ray(temp_dir: str | None = None) -> list[int]:

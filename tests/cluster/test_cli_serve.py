@@ -15,12 +15,15 @@ from cluster import dashboard
 from cluster.harness import (
     HTTP,
     SERVE_PORTS,
+    end_session,
     get,
+    kill_orphaned_haproxy,
     load_prompts,
     serve_run,
     session_processes,
     start,
     stop,
+    stop_ray,
     wait_healthy,
 )
 from cluster.serve_cli import GRACE_S
@@ -75,13 +78,18 @@ def test_cli_serves_greedy_identical_to_target_only(reference, tmp_path):
         assert status == 200 and b"vllm:spec_decode_num_drafts_total" in body
         before = session_processes(proc.pid)
     finally:
-        took = stop(proc)
+        took = stop(proc, end_left=False)  # what the server leaves is looked at below, then ended
     # Ctrl-C (SIGINT to the process group, as a terminal sends it) stops the server itself, within its bound, and
     # every process it started with it (Ray's, vLLM's engine processes, HAProxy).
-    assert proc.returncode != -signal.SIGKILL, "the harness had to SIGKILL it"
-    assert took < GRACE_S + 20, f"stopped {took:.1f} s after Ctrl-C"
-    assert len(before) > 3  # Ray's GCS, raylet, workers: the check below would find a live one
-    assert wait_for(lambda: not session_processes(proc.pid), timeout_s=30), session_processes(proc.pid)
+    try:
+        assert proc.returncode != -signal.SIGKILL, "the harness had to SIGKILL it"
+        assert took < GRACE_S + 20, f"stopped {took:.1f} s after Ctrl-C"
+        assert len(before) > 3  # Ray's GCS, raylet, workers: the check below would find a live one
+        assert wait_for(lambda: not session_processes(proc.pid), timeout_s=30), session_processes(proc.pid)
+    finally:
+        end_session(proc.pid)
+        stop_ray()
+        kill_orphaned_haproxy()
 
 
 def test_written_config_serve_run_same_outputs_and_dashboard_metrics(reference, tmp_path):

@@ -5,6 +5,7 @@ started."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -63,3 +64,22 @@ def test_wait_ports_free_names_who_holds_a_port_and_returns_once_it_is_free():
         wait_ports_free((port,), timeout_s=1)
     holder.close()
     wait_ports_free((port,), timeout_s=5)  # free again: returns
+
+
+def test_end_session_ends_what_left_the_process_group_but_kept_the_session():
+    """As a Ray worker does (a process group of its own, the server's session): ``killpg`` misses it, this does not."""
+    from cluster.harness import end_session, session_processes
+
+    code = ("import os, subprocess, sys; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],"
+            " process_group=0); print(c.pid, flush=True); os._exit(0)")
+    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    worker = int(server.stdout.readline())
+    server.wait()
+    try:
+        assert os.getpgid(worker) != server.pid and worker in session_processes(server.pid)
+        assert worker in end_session(server.pid)
+        assert session_processes(server.pid) == []
+    finally:
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(worker).kill()
