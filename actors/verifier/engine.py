@@ -28,7 +28,8 @@ def verifier_kwargs(
 
     ``draft_client=None`` keeps vLLM's own drafter (or none), with the worker's step timing: the baselines.
     ``owner_pid``: the engine's processes end when that process dies (``actors.verifier.owner_watch``).
-    ``ray_address``: the GCS address the engine's driver rank joins (default: ``RAY_ADDRESS``, else ``"auto"``).
+    ``ray_address``: the GCS address the engine's driver rank joins (default: the cluster this process is connected
+    to, else ``RAY_ADDRESS``, else ``"auto"``; ``"auto"`` alone may pick another Ray running on the host).
     Asynchronous scheduling: on model runner V1 off for every engine, baselines too (the remote drafter cannot feed
     it: ``actors.verifier.options``), so that all are compared alike; on runner V2 as vLLM decides (on by default on
     CUDA, off on vLLM-CPU unless ``async_scheduling=True`` is asked for: ``actors.vllm_engine.keep_async_scheduling``).
@@ -50,6 +51,8 @@ def verifier_kwargs(
         additional[CONFIG_KEY] = {**ours, "draft_client": dict(draft_client)}
     if owner_pid is not None:
         additional[CONFIG_KEY]["owner_pid"] = owner_pid
+    if ray_address is None and draft_client is not None:
+        ray_address = _connected_ray_address()
     if ray_address is not None:
         additional[CONFIG_KEY]["ray_address"] = ray_address
     kwargs = engine_kwargs(target, speculative_config=speculative_config, **engine)
@@ -57,6 +60,15 @@ def verifier_kwargs(
     if runner == V1:
         kwargs["async_scheduling"] = False
     return kwargs
+
+
+def _connected_ray_address() -> str | None:
+    """The GCS address of the Ray cluster this process is connected to, else None."""
+    try:
+        import ray
+    except ImportError:  # pragma: no cover - Ray is a dependency
+        return None
+    return ray.get_runtime_context().gcs_address if ray.is_initialized() else None
 
 
 def _split_draft_length(spec: dict[str, Any] | None) -> tuple[dict[str, Any] | None, Any]:

@@ -77,6 +77,7 @@ def take(p: RemoteEagleProposer, req_ids: list[str]) -> list[list[int]]:
     """The worker's ``take_draft_token_ids`` over a runner that holds propose's placeholders (zeros)."""
     runner_out = DraftTokenIds(list(req_ids), [[0] * K for _ in req_ids])
     worker = object.__new__(RemoteDraftWorker)
+    worker._take_calls = 0  # what __init__ sets (the worker counts the engine core's asks)
     worker.model_runner = SimpleNamespace(drafter=p, take_draft_token_ids=lambda: runner_out)
     return worker.take_draft_token_ids().draft_token_ids
 

@@ -131,3 +131,22 @@ def test_uni_executor_is_honoured_at_tp1_only():
     for kwargs in ({"model": "m"}, {"distributed_executor_backend": "mp"},
                    {"distributed_executor_backend": "uni", "tensor_parallel_size": 2}):
         assert worker_in_engine_core(kwargs) == kwargs
+
+
+def test_the_driver_rank_joins_the_cluster_of_the_process_that_built_the_engine(runner_v1, monkeypatch):
+    """Not ``"auto"``, which may pick another Ray running on the host (the test suite runs two side by side)."""
+    import ray
+
+    from actors.verifier.engine import verifier_kwargs
+    from actors.verifier.worker import CONFIG_KEY
+
+    def ours(kwargs):
+        return kwargs["additional_config"][CONFIG_KEY].get("ray_address")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    assert ours(verifier_kwargs(str(TARGET), SPEC, CLIENT)) is None  # the worker falls back to RAY_ADDRESS / auto
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(gcs_address="10.0.0.7:6379"))
+    assert ours(verifier_kwargs(str(TARGET), SPEC, CLIENT)) == "10.0.0.7:6379"
+    assert ours(verifier_kwargs(str(TARGET), SPEC, CLIENT, ray_address="10.0.0.8:6379")) == "10.0.0.8:6379"
+    assert ours(verifier_kwargs(str(TARGET), SPEC, None)) is None  # a baseline joins nothing
