@@ -20,10 +20,12 @@ VOCAB = 100
 
 @dataclass
 class Ref:
-    """A fake ``ObjectRef``: ``ray.get`` returns ``value``, or raises ``error``."""
+    """A fake ``ObjectRef``: ``ray.get`` returns ``value``, or raises ``error``; ``ray.wait`` finds it ready when
+    ``ready`` says so."""
 
     value: Any = None
     error: Exception | None = None
+    ready: bool = True
 
 
 class Method:
@@ -80,7 +82,8 @@ def fake_ray(monkeypatch) -> None:
         return ref.value
 
     monkeypatch.setattr(ray, "get", get)
-    monkeypatch.setattr(ray, "wait", lambda refs, timeout=None: (list(refs), []))
+    monkeypatch.setattr(ray, "wait", lambda refs, timeout=None: ([r for r in refs if r.ready],
+                                                                [r for r in refs if not r.ready]))
 
 
 class Pool(RemoteSpeculator):

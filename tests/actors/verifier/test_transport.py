@@ -11,12 +11,11 @@ the test controls, and a real ``DrafterActor`` called in this process.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pytest
-import ray
 import torch
 
 from actors.drafter.actor import DrafterActor
@@ -26,6 +25,8 @@ from actors.shm_rows import REGION_PREFIX, SHM_DIR, RowsReader, ShmRegion
 from actors.verifier.remote_speculator import RemoteSpeculator, build_speculator
 from actors.verifier.speculator import Short
 from actors.verifier.transport import HostRows, ShmTransport, StepRows, TransportConfig, Transports
+from tests.actors import fake_drafters
+from tests.actors.fake_drafters import Method, Ref
 
 WIDTH = 16
 
@@ -41,31 +42,9 @@ def no_leak():
     assert ours() == before, "a shared-memory region was left in /dev/shm"
 
 
-@dataclass
-class Ref:
-    value: Any = None
-    error: Exception | None = None
-    ready: bool = True
-
-
 @pytest.fixture
 def fake_ray(monkeypatch):
-    def get(ref: Ref, timeout: float | None = None) -> Any:
-        if ref.error is not None:
-            raise ref.error
-        return ref.value
-
-    monkeypatch.setattr(ray, "get", get)
-    monkeypatch.setattr(ray, "wait", lambda refs, timeout=None: ([r for r in refs if r.ready],
-                                                                [r for r in refs if not r.ready]))
-
-
-class _Call:
-    def __init__(self, fn) -> None:
-        self.fn = fn
-
-    def remote(self, *args: Any) -> Any:
-        return self.fn(*args)
+    fake_drafters.fake_ray(monkeypatch)
 
 
 class FakeDrafter:
@@ -78,10 +57,10 @@ class FakeDrafter:
         self.open_ref = Ref(ready=False)
         self.got: list[tuple[str, np.ndarray, ShmRows | None, Ref]] = []  # (path, rows, metadata, answer)
         self.closed: list[str] = []
-        self.open_rows = _Call(self._open)
-        self.draft_step = _Call(lambda b, rows: self._record("host", np.array(rows), None))
-        self.draft_step_shm = _Call(self._shm)
-        self.close_rows = _Call(lambda name: self.closed.append(name))
+        self.open_rows = Method(self._open)
+        self.draft_step = Method(lambda b, rows: self._record("host", np.array(rows), None))
+        self.draft_step_shm = Method(self._shm)
+        self.close_rows = Method(lambda name: self.closed.append(name))
 
     def _open(self, name: str, nonce: str) -> Ref:
         if self.open_answer is True:
@@ -206,9 +185,9 @@ class InProcess:
     def __init__(self, actor: DrafterActor) -> None:
         self.actor = actor
 
-    def __getattr__(self, name: str) -> _Call:
+    def __getattr__(self, name: str) -> Method:
         fn = getattr(self.actor, name)
-        return _Call(lambda *a: Ref(fn(*a)))
+        return Method(lambda *a: Ref(fn(*a)))
 
 
 def one_drafter(actor: DrafterActor, mode: str) -> RemoteSpeculator:
