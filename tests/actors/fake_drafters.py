@@ -75,7 +75,8 @@ def timed_out(step: DraftStep) -> Exception:
 
 
 def fake_ray(monkeypatch) -> None:
-    """``ray.get`` / ``ray.wait`` read fake refs (a test's ``monkeypatch``)."""
+    """``ray.get`` / ``ray.wait`` read fake refs, ``ray.cancel`` of one does nothing (a test's ``monkeypatch``): no
+    real Ray is started for them (a real ``ray.cancel`` would auto-start one, or join the last ``ray start``'s)."""
     def get(ref: Ref, timeout: float | None = None) -> Any:
         if ref.error is not None:
             raise ref.error
@@ -84,6 +85,7 @@ def fake_ray(monkeypatch) -> None:
     monkeypatch.setattr(ray, "get", get)
     monkeypatch.setattr(ray, "wait", lambda refs, timeout=None: ([r for r in refs if r.ready],
                                                                 [r for r in refs if not r.ready]))
+    monkeypatch.setattr(ray, "cancel", lambda ref, **kw: None)
 
 
 class Pool(RemoteSpeculator):
