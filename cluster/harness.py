@@ -212,6 +212,8 @@ def wait_ports_free(ports: tuple[int, ...], timeout_s: float = 30.0) -> None:
     them after ``timeout_s``, rather than a server that dies at start on "Address already in use"."""
     import psutil
 
+    if not ports:
+        return
     deadline = time.monotonic() + timeout_s
     while True:
         kill_orphaned_haproxy()
