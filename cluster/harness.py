@@ -254,6 +254,42 @@ def session_processes(sid: int) -> list[int]:
     return out
 
 
+def ray_env(server: subprocess.Popen, timeout_s: float = 30.0) -> dict[str, str]:
+    """How to join the Ray cluster that ``server`` (a ``serve run`` from ``start``) started: ``RAY_ADDRESS``, the
+    ``--gcs-address`` its raylet and agents carry, read from the server's own session (Ray's ``"auto"`` reads that
+    flag from any process on the host, and the folder's last ``ray start`` first, so beside another Ray - the test
+    suite's other lane, ``tests.run_isolated`` - it can join the wrong cluster: "There is no Serve instance running on
+    this Ray cluster"), and ``RAY_AUTH_MODE`` as that process has it (Ray turns on token authentication for a
+    cluster ``ray.init()`` starts, and only ``"auto"`` finds that out by itself). ``RuntimeError`` when no Ray
+    process appears within ``timeout_s`` or the server exited."""
+    import psutil
+
+    flag = "--gcs-address="
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for pid in session_processes(server.pid):
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                address = next((a[len(flag):] for a in proc.cmdline() if a.startswith(flag)), None)
+                if address:
+                    mode = proc.environ().get("RAY_AUTH_MODE")
+                    return {"RAY_ADDRESS": address, **({"RAY_AUTH_MODE": mode} if mode else {})}
+        if time.monotonic() > deadline or server.poll() is not None:
+            raise RuntimeError(f"no Ray cluster in the session of server {server.pid} (exit code: {server.poll()})")
+        time.sleep(0.2)
+
+
+def join_ray(server: subprocess.Popen, namespace: str | None = None) -> None:
+    """``ray.init`` into the cluster ``server`` started (``ray_env``'s address), with Ray's token authentication
+    found as ``ray.init(address="auto")`` finds it (Ray does that for ``"auto"`` only, not for an address given)."""
+    import ray
+    from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
+
+    address = ray_env(server)["RAY_ADDRESS"]
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    ray.init(address=address, namespace=namespace, log_to_driver=False)
+
+
 def kill_orphaned_haproxy() -> list[int]:
     """End Serve's HAProxy processes whose manager actor is gone (their parent is init); returns their pids.
 

@@ -33,6 +33,7 @@ from cluster.harness import (
     deploy_apps,
     drafter_pids,
     get,
+    join_ray,
     serve_run,
     without_drafter_app,
 )
@@ -64,7 +65,7 @@ def server(reference, full_doc, tmp_path_factory):
 
     path = deploy_yaml.write(without_drafter_app(full_doc), tmp_path_factory.mktemp("outage") / "alone.yaml")
     with serve_run(path) as proc:
-        ray.init(address="auto", namespace="outage-test", log_to_driver=False)
+        join_ray(proc, "outage-test")
         yield proc
         ray.shutdown()
 

@@ -1,5 +1,5 @@
 """``cluster.harness.wait_ports_free`` names who holds a port; ``stop_ray`` ends the Ray sessions of one temporary
-folder and everything under them, and leaves another folder's alone. Real processes stand in for Ray's (a "raylet"
+folder and everything under them, and leaves another folder's alone; ``ray_env`` names the server's own Ray. Real processes stand in for Ray's (a "raylet"
 naming its session folder, with a child as a worker would be; a second "raylet" of another folder): no Ray is
 started."""
 
@@ -83,3 +83,26 @@ def test_end_session_ends_what_left_the_process_group_but_kept_the_session():
     finally:
         with contextlib.suppress(psutil.Error):
             psutil.Process(worker).kill()
+
+
+def test_ray_env_reads_the_servers_own_ray_not_another_on_the_host():
+    """A "raylet" carrying ``--gcs-address`` in the server's session, another Ray's outside it: ``ray_env`` names the
+    server's (with its ``RAY_AUTH_MODE``), which ``"auto"`` would not tell apart from the other."""
+    from cluster.harness import end_session, ray_env
+
+    raylet = ("import os, subprocess, sys; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)',"
+              " '--gcs-address={}'], env={{**os.environ, 'RAY_AUTH_MODE': 'token'}}); print(c.pid, flush=True);"
+              " c.wait()")
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "--gcs-address=10.0.0.9:7000"])
+    server = subprocess.Popen([sys.executable, "-c", raylet.format("10.0.0.1:6000")], stdout=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    try:
+        server.stdout.readline()
+        assert ray_env(server) == {"RAY_ADDRESS": "10.0.0.1:6000", "RAY_AUTH_MODE": "token"}
+        end_session(server.pid)
+        server.wait()
+        with pytest.raises(RuntimeError, match="no Ray cluster in the session"):
+            ray_env(server, timeout_s=1)
+    finally:
+        other.kill()
+        end_session(server.pid)

@@ -6,12 +6,13 @@ stays up."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from cluster.harness import EVERY_STEP_DRAFTS, GRPC, HTTP, MODEL, cpu_yaml, metric, serve_run
+from cluster.harness import EVERY_STEP_DRAFTS, GRPC, HTTP, MODEL, cpu_yaml, metric, ray_env, serve_run
 from cluster.harness import get as _get
 from cluster.harness import post as _post
 from tests.conftest import ROOT
@@ -171,7 +172,7 @@ def test_client_disconnect_aborts_and_frees(server):
     import grpc
     import ray
 
-    from cluster.harness import drafter_stats, replica_actors
+    from cluster.harness import drafter_stats, join_ray, replica_actors
     from cluster.proto import eagle_cluster_pb2 as pb
     from cluster.proto import eagle_cluster_pb2_grpc as pb_grpc
 
@@ -192,7 +193,7 @@ def test_client_disconnect_aborts_and_frees(server):
         call.cancel()
     resp.close()  # the HTTP client goes away
     gone = time.time()
-    ray.init(address="auto", namespace="disconnect-test", log_to_driver=False)
+    join_ray(server, "disconnect-test")
     try:
         (drafter,) = replica_actors("Drafter")
         while time.time() - gone < 10:
@@ -214,7 +215,9 @@ def test_python_handle_snippet_from_readme(server):
     """Runs the README's handle snippet in a fresh interpreter connected to the running cluster."""
     readme = (ROOT / "README.md").read_text()
     snippet = readme.split("<!-- handle-snippet -->")[1].split("```python")[1].split("```")[0]
-    r = subprocess.run([sys.executable, "-c", snippet], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    env = {**os.environ, **ray_env(server)}  # its ray.init(address="auto") reads RAY_ADDRESS first
+    r = subprocess.run([sys.executable, "-c", snippet], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "completion:" in r.stdout and "streamed:" in r.stdout
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 from cluster import deploy_yaml
-from cluster.harness import HTTP, serve_run
+from cluster.harness import HTTP, ray_env, serve_run
 from cluster.harness import post as _post
 from cluster.image_runs import image_prompts
 from cluster.images import data_url
@@ -98,7 +99,8 @@ msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": 
 out = h.chat.remote(msgs, max_tokens=8, temperature=0).result()
 print("TOKENS", out["usage"]["completion_tokens"], out["usage"]["prompt_tokens"])
 """
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    env = {**os.environ, **ray_env(server)}  # its ray.init(address="auto") reads RAY_ADDRESS first
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     line = next(x for x in r.stdout.splitlines() if x.startswith("TOKENS"))
     assert int(line.split()[1]) == 8 and int(line.split()[2]) > 20

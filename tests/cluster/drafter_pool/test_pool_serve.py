@@ -26,6 +26,7 @@ from cluster.harness import (
     cpu_yaml,
     drafter_stats,
     get,
+    join_ray,
     metric,
     replica_actors,
     serve_run,
@@ -57,7 +58,7 @@ def server(reference, tmp_path_factory):
     import ray
 
     with serve_run(cpu_yaml(tmp_path_factory.mktemp("pool") / "app.yaml", **POOL)) as proc:
-        ray.init(address="auto", namespace="pool-test", log_to_driver=False)
+        join_ray(proc, "pool-test")
         yield proc
         ray.shutdown()
 
