@@ -1,7 +1,7 @@
 """``cluster.harness.wait_ports_free`` names who holds a port; ``stop_ray`` ends the Ray sessions of one temporary
-folder and everything under them, and leaves another folder's alone; ``ray_env`` names the server's own Ray. Real processes stand in for Ray's (a "raylet"
-naming its session folder, with a child as a worker would be; a second "raylet" of another folder): no Ray is
-started."""
+folder and everything under them, and leaves another folder's alone; ``ray_env`` names the server's own Ray. Real
+processes stand in for Ray's (a "raylet" naming its session folder, with a child as a worker would be; a second
+"raylet" of another folder): no Ray is started."""
 
 from __future__ import annotations
 
