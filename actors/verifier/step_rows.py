@@ -1,5 +1,5 @@
 """Which of a verified step's rows go to the drafters, and what travels with each: pure functions over the tensors
-vLLM's model runner hands its EAGLE proposer (``actors.verifier.vllm_adapter`` calls them).
+vLLM's model runners hand their EAGLE proposer (``actors.verifier.vllm_adapter`` and ``vllm_v2_adapter`` call them).
 
 The runner hands, for a step of B sequences and N scheduled tokens in ``runner.input_batch.req_ids`` order:
 
@@ -23,36 +23,6 @@ import torch
 from actors.messages import SeqRole, SeqSlice
 
 
-def step_rows(
-    query_start_loc: torch.Tensor,  # [B + 1] (cpu)
-    last_rows: torch.Tensor,  # [B] row of each sequence's last accepted token
-) -> tuple[torch.Tensor, torch.Tensor]:  # ([num_kept] rows to ship, sequence by sequence; [B] counts)
-    """Worked example: query_start_loc [0, 4, 5], last rows [1, 4] -> keep rows [0, 1, 4] (rows 2, 3 were the
-    rejected drafts of sequence 0), counts [2, 1]."""
-    starts = query_start_loc[:-1]
-    counts = last_rows - starts + 1
-    seq = torch.repeat_interleave(torch.arange(counts.numel()), counts)
-    offsets = torch.arange(int(counts.sum())) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
-    return starts[seq] + offsets, counts
-
-
-def step_seqs(
-    req_ids: list[str],  # [B], in the runner's batch order
-    query_start_loc: torch.Tensor,  # [B + 1] (cpu)
-    last_rows: torch.Tensor,  # [B] row of each sequence's last accepted token (cpu)
-    positions: torch.Tensor,  # [N] target_positions (any device)
-) -> tuple[torch.Tensor, list[SeqSlice]]:  # ([num_kept] rows to ship (cpu), each sequence's slice of them)
-    """The rows a step ships (``step_rows``) and the ``SeqSlice`` of each sequence over them (role ``DRAFT``).
-
-    Worked example: req_ids [a, b], query_start_loc [0, 4, 5], last rows [1, 4], positions [7, 8, 9, 10, 3] -> rows
-    [0, 1, 4]; a: start 0, 2 rows from position 7; b: start 2, 1 row from position 3."""
-    rows, counts = step_rows(query_start_loc, last_rows)
-    first = positions[rows.to(positions.device)].cpu()
-    offsets = (torch.cumsum(counts, 0) - counts).tolist()
-    return rows, [SeqSlice(rid, off, n, int(first[off]))
-                  for rid, off, n in zip(req_ids, offsets, counts.tolist(), strict=True)]
-
-
 def prompt_roles(seqs: list[SeqSlice], prompt_lens: np.ndarray | None) -> tuple[list[SeqSlice], list[bool]]:
     """(``seqs`` with ``SeqRole.CONTEXT`` where a step's rows end in the prompt, whether each is a partial prefill):
     a partial prefill (vLLM discards its drafts) or the prompt's last chunk. A pipelined drafter does not make the
@@ -69,25 +39,6 @@ def prompt_roles(seqs: list[SeqSlice], prompt_lens: np.ndarray | None) -> tuple[
     return seqs, in_prefill
 
 
-def step_input_ids(
-    target_token_ids: torch.Tensor,  # [N]
-    next_token_ids: torch.Tensor,  # [B] the token sampled after each sequence's last accepted one
-    query_start_loc: torch.Tensor,  # [B + 1] (cpu)
-    last_rows: torch.Tensor,  # [B] (cpu)
-    rows: torch.Tensor,  # [num_kept] rows shipped (``step_rows``), on target_token_ids' device
-) -> np.ndarray:  # [num_kept] int32
-    """Each shipped row's input token: the token after it, ``target_token_ids[j + 1]``, or the sampled next token
-    for each sequence's last row (EAGLE pairs token t + 1 with hidden state t).
-
-    Worked example: tokens [t0, t1, t2, t3, u0], next [n0, n1], query_start_loc [0, 4, 5], last rows [1, 4], rows
-    [0, 1, 4] -> [t1, n0, n1]."""
-    end = int(query_start_loc[-1])
-    shifted = torch.empty_like(target_token_ids[:end])
-    shifted[:-1] = target_token_ids[1:end]
-    shifted[last_rows.to(shifted.device)] = next_token_ids.to(shifted.dtype)
-    return shifted[rows].cpu().numpy().astype(np.int32)
-
-
 def packed_step_rows(
     query_start_loc: np.ndarray,  # [B + 1] (host)
     query_start_loc_dev: torch.Tensor,  # [B + 1] the same, on the step's device
@@ -96,9 +47,11 @@ def packed_step_rows(
     input_ids: torch.Tensor,  # [N] the step's scheduled tokens (device)
     next_token_ids: torch.Tensor,  # [B] the token after each sequence's last accepted row (device)
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``step_rows``, ``step_seqs``' first positions and ``step_input_ids`` for model runner V2, whose rejected rows
-    stay in place (``num_rejected`` says how many end each sequence), with one device-to-host copy: the rejected
-    counts, each sequence's first position and the shifted input ids of all N rows travel back together, and the rows
+    """The rows a step ships, each sequence's first position and each row's input token (the token after it: the
+    next one scheduled, or the sampled next token after a sequence's last accepted row; EAGLE pairs token t + 1 with
+    hidden state t), for both model runners: rejected rows stay in place (V2, and V1's padded path) and
+    ``num_rejected`` says how many end each sequence (0 where vLLM dropped them). One device-to-host copy: the
+    rejected counts, the first positions and the shifted input ids of all N rows travel back together, and the rows
     are chosen on the host. Returns (rows [kept] int64, counts [B], first positions [B], input ids [kept] int32).
 
     Worked example: query_start_loc [0, 3, 5], num_rejected [1, 0], positions [10, 11, 12, 0, 1], input ids

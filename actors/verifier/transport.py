@@ -84,21 +84,66 @@ class TransportStats:
                 "ship_ms": {k: round(v, 3) for k, v in self.ship_ms.items()}, "copies": dict(COPIES)}
 
 
-class StepRows:
-    """A step's hidden rows as they travel (``actors.wire.wire_tensor``), encoded once per step; the whole host array
-    (``array``) made only if some home takes the host path."""
+class HostStaging:
+    """The host buffer a step's rows leave the device into, reused step after step (pinned on a CUDA device).
 
-    def __init__(self, hidden: torch.Tensor) -> None:  # hidden: [num_tokens, fused_hidden_size]
-        self.tensor, self.dtype = wire_tensor(hidden)  # [num_tokens, fused_hidden_size], int16 bits for bf16
-        self._array: np.ndarray | None = None
+    ``stage`` starts the copy and does not wait for it: on CUDA on a side stream, after the work the compute stream
+    has queued (the forward that made the rows), with an event recorded; ``StepRows.host`` waits for that event the
+    first time the transport reads the rows. On the CPU the same call copies before it returns. One buffer serves
+    every step: a step's rows are read (written into a shared-memory slot, or serialised into the drafter call) inside
+    ``RemoteSpeculator.send``, before the next step stages its own."""
+
+    def __init__(self) -> None:
+        self._buffer: torch.Tensor | None = None  # [capacity] flat, of the rows' dtype
+        self._stream: Any = None
+
+    def stage(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:  # tensor: [rows, width] on its device
+        """(the host tensor the rows are being copied into, the CUDA event that marks the copy done, or None)."""
+        n = tensor.numel()
+        buf = self._buffer
+        if buf is None or buf.numel() < n or buf.dtype != tensor.dtype:
+            size = max(n, 2 * buf.numel() if buf is not None and buf.dtype == tensor.dtype else 0)
+            buf = self._buffer = torch.empty(size, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
+        host = buf[:n].view(tensor.shape)
+        if not tensor.is_cuda:
+            host.copy_(tensor, non_blocking=True)  # on the CPU: done when it returns
+            return host, None
+        if self._stream is None:  # cuda-only: the copy goes on a side stream, after the forward
+            self._stream = torch.cuda.Stream(tensor.device)  # cuda-only
+        self._stream.wait_stream(torch.cuda.current_stream(tensor.device))  # cuda-only
+        with torch.cuda.stream(self._stream):  # cuda-only
+            host.copy_(tensor, non_blocking=True)  # cuda-only
+            tensor.record_stream(self._stream)  # cuda-only: its memory is not reused before the copy ran
+            event = torch.cuda.Event()  # cuda-only
+            event.record(self._stream)  # cuda-only
+        return host, event  # cuda-only
+
+
+class StepRows:
+    """A step's hidden rows as they travel (``actors.wire.wire_tensor``: bf16 as its int16 bits), leaving the device
+    once, by a copy into ``HostStaging`` that is waited for only when a transport first reads them (``host``)."""
+
+    def __init__(self, hidden: torch.Tensor, staging: HostStaging | None = None) -> None:
+        tensor, self.dtype = wire_tensor(hidden)  # [num_tokens, fused_hidden_size]
+        self.width, self.element_size = int(tensor.shape[1]), tensor.element_size()
+        self._host, self._copied = (staging or HostStaging()).stage(tensor)
+
+    def host(self) -> torch.Tensor:  # [num_tokens, fused_hidden_size] on the host
+        if self._copied is not None:
+            self._copied.synchronize()  # cuda-only: the staging copy, once
+            self._copied = None  # cuda-only
+        return self._host
 
     def array(self) -> np.ndarray:
-        if self._array is None:
-            self._array = self.tensor.cpu().numpy()  # a view on the CPU
-        return self._array
+        return self.host().numpy()
 
     def nbytes(self, rows: np.ndarray) -> int:
-        return len(rows) * int(self.tensor.shape[1]) * self.tensor.element_size()
+        return len(rows) * self.width * self.element_size
+
+
+def _all_rows(idx: np.ndarray, n: int) -> bool:
+    """Whether ``idx`` is every one of ``n`` rows in order (one home takes the step: no index copy needed)."""
+    return len(idx) == n and bool(np.array_equal(idx, np.arange(n)))
 
 
 class RowsTransport(Protocol):
@@ -121,7 +166,8 @@ class HostRows:
 
     def send(self, actor: Any, step_bytes: bytes, rows: StepRows, idx: np.ndarray) -> Any:
         start = time.perf_counter()
-        ref = actor.draft_step.remote(step_bytes, rows.array()[idx])  # [M, fused_hidden_size], a copy
+        array = rows.array()
+        ref = actor.draft_step.remote(step_bytes, array if _all_rows(idx, len(array)) else array[idx])  # [M, width]
         self.stats.count(self.path, rows.nbytes(idx), start)
         return ref
 
@@ -204,7 +250,7 @@ class ShmTransport:
             self.stats.fallbacks[reason] += 1
             return self.host.send(actor, step_bytes, rows, idx)
         self.generation += 1
-        meta = self.region.write(slot, self.generation, rows.tensor, idx)
+        meta = self.region.write(slot, self.generation, rows.host(), idx)
         ref = actor.draft_step_shm.remote(step_bytes, meta.pack())
         self.slot_refs[slot] = ref
         self.next_slot = (slot + 1) % len(self.slot_refs)

@@ -19,16 +19,17 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.spec_decode.eagle import EagleProposer
 from vllm.v1.utils import CpuGpuBuffer
 
-from actors.messages import DraftStep
+from actors.messages import DraftStep, SeqSlice
 from actors.verifier import vllm_internals
 from actors.verifier.prefix import PromptAnnouncer
 from actors.verifier.speculation import Speculation
-from actors.verifier.step_rows import mm_rows, prompt_roles, step_input_ids, step_seqs
+from actors.verifier.step_rows import mm_rows, packed_step_rows, prompt_roles
 from actors.wire import encode_hidden
 
 # (class, attribute): what this module relies on. Model runner V1 (GPU and CPU alike), its input batch, its proposer.
@@ -131,17 +132,26 @@ class RemoteEagleProposer(EagleProposer):
         placeholder = torch.zeros(batch_size, num_speculative_tokens, dtype=torch.long, device=target_token_ids.device)
         if self.speculation is None:
             return placeholder
-        qsl = common_attn_metadata.query_start_loc_cpu[: batch_size + 1].long()
-        last = qsl[1:] - 1 if token_indices_to_sample is None else token_indices_to_sample[:batch_size].long().cpu()
-        rows, seqs = step_seqs(list(self.runner.input_batch.req_ids[:batch_size]), qsl, last, target_positions)
+        # Sequence i's rows: its scheduled tokens up to its last accepted one; on vLLM's padded path its rejected
+        # drafts stay after it (token_indices_to_sample: each one's last accepted row), else they were dropped.
+        qsl = common_attn_metadata.query_start_loc_cpu[: batch_size + 1].numpy().astype(np.int64)
+        qsl_dev = common_attn_metadata.query_start_loc[: batch_size + 1].long()
+        if token_indices_to_sample is None:
+            num_rejected = torch.zeros(batch_size, dtype=torch.int64, device=qsl_dev.device)
+        else:
+            num_rejected = qsl_dev[1:] - 1 - token_indices_to_sample[:batch_size].long()
+        rows_np, counts, first, input_ids = packed_step_rows(  # the step's one device-to-host copy
+            qsl, qsl_dev, num_rejected, target_positions, target_token_ids, next_token_ids[:batch_size])
+        offsets = np.cumsum(counts) - counts
+        seqs = [SeqSlice(rid, int(off), int(n), int(pos)) for rid, off, n, pos
+                in zip(self.runner.input_batch.req_ids[:batch_size], offsets, counts, first, strict=True)]
         seqs, in_prefill = prompt_roles(seqs, self.runner.input_batch.num_prompt_tokens)
+        rows = torch.from_numpy(rows_np)
 
         def build(k: int) -> tuple[DraftStep, torch.Tensor]:
-            rows_dev = rows.to(target_token_ids.device)
-            step = DraftStep(self.speculation.stats.steps, k, seqs,
-                             step_input_ids(target_token_ids, next_token_ids[:batch_size], qsl, last, rows_dev))
+            step = DraftStep(self.speculation.stats.steps, k, seqs, input_ids)
             self.prompts.attach(step, self.runner.requests)  # prefix caching: first steps carry prompts
-            hidden = target_hidden_states[rows_dev]
+            hidden = target_hidden_states[rows.to(target_hidden_states.device, non_blocking=True)]
             self._attach_images(step, mm_embed_inputs, rows, int(qsl[-1]), token_indices_to_sample is not None,
                                 hidden.dtype)
             return step, hidden

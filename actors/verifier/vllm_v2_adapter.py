@@ -185,7 +185,7 @@ class RemoteSpeculatorV2(BaseSpeculator):
             step = DraftStep(speculation.stats.steps, k, seqs, input_ids)
             self.prompts.attach(step, self.new_requests)  # prefix caching: first steps carry prompts
             hidden = torch.cat(aux_hidden_states, dim=-1) if self.eagle3 and aux_hidden_states else last_hidden_states
-            hidden = hidden[rows.to(self.device)]
+            hidden = hidden[rows.to(self.device, non_blocking=True)]
             self._attach_images(step, mm_inputs, rows, int(qsl[-1]), hidden.dtype)
             return step, hidden
 
@@ -271,7 +271,7 @@ class RemoteSpeculatorV2(BaseSpeculator):
             drafts = self.speculation.collect()
             if drafts is not None and len(drafts.ids) == len(batch.req_ids):
                 ids = torch.from_numpy(_filled(drafts, self.num_speculative_steps))
-        ids = ids.to(self.device)
+        ids = ids.to(self.device, non_blocking=True)
         if self.tp_size > 1:
             from vllm.distributed.parallel_state import get_tp_group
 
@@ -280,8 +280,8 @@ class RemoteSpeculatorV2(BaseSpeculator):
         return ids
 
     def _write(self, idx: np.ndarray, ids: torch.Tensor) -> None:  # idx: [n] slots; ids: [n, K]
-        ids = ids.to(self.device)
-        self.req_states.draft_tokens[torch.from_numpy(idx).to(self.device)] = ids
+        ids = ids.to(self.device, non_blocking=True)  # small uploads, not waited for
+        self.req_states.draft_tokens[torch.from_numpy(idx).to(self.device, non_blocking=True)] = ids
         self.writes += 1
         self._digest += ids.sum()
 

@@ -15,7 +15,7 @@ from actors.messages import DraftStep, SeqSlice
 from actors.verifier.draft_length import DraftLength, FixedDraftLength, StepDraftLength
 from actors.verifier.speculation import Speculation
 from actors.verifier.speculator import Drafts
-from actors.verifier.step_rows import prompt_roles, step_input_ids, step_seqs
+from actors.verifier.step_rows import packed_step_rows, prompt_roles
 
 K = 2  # the engine's num_speculative_tokens
 DRAFT = 7  # the token FakeSpeculator drafts
@@ -75,15 +75,20 @@ def batch(seqs: list[tuple[str, int, int]]) -> dict[str, Any]:
 
 
 def propose(s: Speculation, seqs: list[tuple[str, int, int]], prompt_lens: list[int] | None = None) -> list[SeqSlice]:
-    """``Speculation.propose`` for the batch ``seqs``, as ``RemoteEagleProposer.propose`` makes it (``step_seqs``,
-    ``prompt_roles``, ``step_input_ids``; ``prompt_lens``: each sequence's prompt length, None: all decode); nothing
+    """``Speculation.propose`` for the batch ``seqs``, as ``RemoteEagleProposer.propose`` makes it
+    (``packed_step_rows``, ``prompt_roles``; ``prompt_lens``: each sequence's prompt length, None: all decode); nothing
     is collected yet. Returns the step's sequences."""
     b = batch(seqs)
-    rows, slices = step_seqs(b["req_ids"], b["query_start_loc"], b["last_rows"], b["positions"])
+    qsl = b["query_start_loc"]
+    rows_np, counts, first, ids = packed_step_rows(qsl.numpy(), qsl, torch.zeros(len(seqs), dtype=torch.int64),
+                                                   b["positions"], b["tokens"], b["next_ids"])
+    offsets = np.cumsum(counts) - counts
+    slices = [SeqSlice(rid, int(off), int(n), int(pos))
+              for rid, off, n, pos in zip(b["req_ids"], offsets, counts, first, strict=True)]
     slices, in_prefill = prompt_roles(slices, None if prompt_lens is None else np.array(prompt_lens))
+    rows = torch.from_numpy(rows_np)
 
     def build(k: int) -> tuple[DraftStep, torch.Tensor]:
-        ids = step_input_ids(b["tokens"], b["next_ids"], b["query_start_loc"], b["last_rows"], rows)
         return DraftStep(s.stats.steps, k, slices, ids), b["hidden"][rows]
 
     s.propose(slices, in_prefill, build)

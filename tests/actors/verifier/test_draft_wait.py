@@ -68,7 +68,7 @@ def send_step(p: RemoteEagleProposer, seqs: list[tuple[str, int, int]]) -> torch
     qsl = torch.tensor([0, *np.cumsum(counts).tolist()])
     positions = torch.cat([torch.arange(pos, pos + n) for _, pos, n in seqs])
     num_tokens = int(qsl[-1])
-    meta = SimpleNamespace(batch_size=lambda: len(seqs), query_start_loc_cpu=qsl)
+    meta = SimpleNamespace(batch_size=lambda: len(seqs), query_start_loc_cpu=qsl, query_start_loc=qsl.clone())
     return p.propose(K, torch.arange(num_tokens), positions, torch.zeros(num_tokens, 4), torch.full((len(seqs),), 9),
                      None, meta, None)
 

@@ -8,30 +8,21 @@ import numpy as np
 import torch
 
 from actors.messages import SeqRole, SeqSlice
-from actors.verifier.step_rows import prompt_roles, step_input_ids, step_rows, step_seqs
+from actors.verifier.step_rows import prompt_roles
 from tests.actors.fake_speculator import NEXT, run_step, speculation
 
 
-def test_step_rows_worked_example():
-    """query_start_loc [0, 4, 5], last rows [1, 4] -> keep rows [0, 1, 4], counts [2, 1]."""
-    rows, counts = step_rows(torch.tensor([0, 4, 5]), torch.tensor([1, 4]))
-    assert rows.tolist() == [0, 1, 4] and counts.tolist() == [2, 1]
+def test_packed_step_rows_on_the_v1_padded_path():
+    """Model runner V1's padded path, as ``RemoteEagleProposer.propose`` calls it: query_start_loc [0, 4, 5], last
+    accepted rows [1, 4] (so 2 and 0 rejected), positions [7, 8, 9, 10, 3], tokens [t0, t1, t2, t3, u0], next
+    [n0, n1] -> rows [0, 1, 4], counts [2, 1] (a: 2 rows from position 7; b: 1 from position 3), ids [t1, n0, n1]."""
+    from actors.verifier.step_rows import packed_step_rows
 
-
-def test_step_seqs_worked_example():
-    """req_ids [a, b], query_start_loc [0, 4, 5], last rows [1, 4], positions [7, 8, 9, 10, 3] -> rows [0, 1, 4];
-    a: start 0, 2 rows from position 7; b: start 2, 1 row from position 3."""
-    rows, seqs = step_seqs(["a", "b"], torch.tensor([0, 4, 5]), torch.tensor([1, 4]), torch.tensor([7, 8, 9, 10, 3]))
-    assert rows.tolist() == [0, 1, 4]
-    assert seqs == [SeqSlice("a", 0, 2, 7), SeqSlice("b", 2, 1, 3)]
-
-
-def test_step_input_ids_worked_example():
-    """tokens [t0, t1, t2, t3, u0], next [n0, n1], query_start_loc [0, 4, 5], last rows [1, 4], rows [0, 1, 4]
-    -> [t1, n0, n1]."""
     t0, t1, t2, t3, u0, n0, n1 = 10, 11, 12, 13, 20, 90, 91
-    ids = step_input_ids(torch.tensor([t0, t1, t2, t3, u0]), torch.tensor([n0, n1]), torch.tensor([0, 4, 5]),
-                         torch.tensor([1, 4]), torch.tensor([0, 1, 4]))
+    qsl, last = torch.tensor([0, 4, 5]), torch.tensor([1, 4])
+    rows, counts, first, ids = packed_step_rows(qsl.numpy(), qsl, qsl[1:] - 1 - last, torch.tensor([7, 8, 9, 10, 3]),
+                                                torch.tensor([t0, t1, t2, t3, u0]), torch.tensor([n0, n1]))
+    assert rows.tolist() == [0, 1, 4] and counts.tolist() == [2, 1] and first.tolist() == [7, 3]
     assert ids.dtype == np.int32 and ids.tolist() == [t1, n0, n1]
 
 

@@ -92,7 +92,8 @@ def test_check_vllm_names_each_internal_that_moved(monkeypatch):
 
 # --- propose and take ---------------------------------------------------------------------------------------------
 def _meta(qsl: list[int]) -> SimpleNamespace:
-    return SimpleNamespace(batch_size=lambda: len(qsl) - 1, query_start_loc_cpu=torch.tensor(qsl))
+    return SimpleNamespace(batch_size=lambda: len(qsl) - 1, query_start_loc_cpu=torch.tensor(qsl),
+                           query_start_loc=torch.tensor(qsl))
 
 
 def test_propose_ships_the_verified_rows(make_adapter):
