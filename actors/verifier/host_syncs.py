@@ -10,7 +10,8 @@ one device, so this ``TorchFunctionMode`` keeps the distinction itself:
 
 - a *device tensor* is one ``mark``ed so (what vLLM hands the proposer on its device), one computed from a device
   tensor, one made with an explicit ``device=`` argument, or one a ``.to(device)`` / ``copy_`` made or wrote;
-- everything else is a host tensor (this project's host-side bookkeeping is numpy, or torch without ``device=``).
+- everything else is a host tensor (this project's host-side bookkeeping is numpy, or torch without ``device=``);
+  ``.to("cpu")`` (the string, as this project writes a move to the host) makes one.
 
 A call counts when the frame that made it is in ``actors/`` (vLLM's own syncs are vLLM's: target-only makes them
 too), as a ``Sync`` with its kind, call site and bytes. ``non_blocking=True`` copies count apart (``ASYNC``): they
@@ -125,6 +126,11 @@ class HostSyncs(TorchFunctionMode):
             return out
         if func in _SIZED_BY_DATA and len(args) > 1 and is_device(args[1]):
             self._count(SyncKind.READBACK, func, _nbytes(args[1]))
+        elif func is T.to and args and _names_host(args[1:], kwargs):  # device -> host
+            if on_device:
+                self._count(SyncKind.ASYNC if non_blocking else SyncKind.READBACK, func, _nbytes(args[0]))
+                return out.view_as(out) if out is args[0] else out  # the host copy: another tensor, not marked
+            return out
         elif func is T.to and args and _names_device(args[1:], kwargs):
             if not on_device:  # host -> device
                 self._count(SyncKind.ASYNC if non_blocking else SyncKind.UPLOAD, func, _nbytes(args[0]))
@@ -145,6 +151,12 @@ class HostSyncs(TorchFunctionMode):
             for t in tree_leaves(out):
                 _tag(t)
         return out
+
+
+def _names_host(args: tuple, kwargs: dict) -> bool:
+    """Whether a ``.to(...)`` call moves to the host: this project writes that ``.to("cpu")``, the string, and a move
+    to the device ``.to(device)`` with a ``torch.device`` (on the CPU both are the CPU: only the spelling tells)."""
+    return kwargs.get("device") == "cpu" or any(isinstance(a, str) and a == "cpu" for a in args)
 
 
 def _names_device(args: tuple, kwargs: dict) -> bool:

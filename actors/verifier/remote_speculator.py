@@ -38,7 +38,7 @@ from actors.messages import BranchTable, DraftResult, DraftStatus, DraftStep, Se
 from actors.verifier.drafters import DRAFT_TIMEOUT_S, DrafterLink, Drafters, Finder
 from actors.verifier.homes import Homes
 from actors.verifier.speculator import Drafts, Short
-from actors.verifier.transport import HostStaging, StepRows, TransportConfig, Transports
+from actors.verifier.transport import StepRows, TransportConfig, Transports
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,6 @@ class RemoteSpeculator:
         pays while the missed share exceeds MAL * W / ((MAL - 1) * (T + W)): about 0.5 with MAL 2.3 and
         W / (T + W) 0.3, as measured here."""
         self.transports = Transports(TransportConfig(hidden_transport, shm_slots, shm_slot_mib))
-        self.staging = HostStaging()  # where each step's hidden rows land on the host
         self.drafters = Drafters(finder, timeout_s, discover_period_s, self.transports)
         self.homes = Homes(new_group_size)
         self.wait_for_misses = wait_for_misses
@@ -109,7 +108,7 @@ class RemoteSpeculator:
         drafts = Drafts(np.zeros((len(req_ids), k), np.int64),
                         {i: Short.NO_DRAFTER for i, rid in enumerate(req_ids) if rid not in self.homes.home})
         ticket = Ticket(req_ids, start + d.deadline.seconds(), drafts)
-        rows_out = StepRows(hidden, self.staging)  # leaves the device now, waited for when first read
+        rows_out = StepRows(hidden)  # leaves the device now, waited for when first read
         groups = self.homes.groups(req_ids)
         ticket.homes = len(groups)
         subs = []

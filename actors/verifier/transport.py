@@ -84,53 +84,25 @@ class TransportStats:
                 "ship_ms": {k: round(v, 3) for k, v in self.ship_ms.items()}, "copies": dict(COPIES)}
 
 
-class HostStaging:
-    """The host buffer a step's rows leave the device into, reused step after step (pinned on a CUDA device).
-
-    ``stage`` starts the copy and does not wait for it: on CUDA on a side stream, after the work the compute stream
-    has queued (the forward that made the rows), with an event recorded; ``StepRows.host`` waits for that event the
-    first time the transport reads the rows. On the CPU the same call copies before it returns. One buffer serves
-    every step: a step's rows are read (written into a shared-memory slot, or serialised into the drafter call) inside
-    ``RemoteSpeculator.send``, before the next step stages its own."""
-
-    def __init__(self) -> None:
-        self._buffer: torch.Tensor | None = None  # [capacity] flat, of the rows' dtype
-        self._stream: Any = None
-
-    def stage(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:  # tensor: [rows, width] on its device
-        """(the host tensor the rows are being copied into, the CUDA event that marks the copy done, or None)."""
-        n = tensor.numel()
-        buf = self._buffer
-        if buf is None or buf.numel() < n or buf.dtype != tensor.dtype:
-            size = max(n, 2 * buf.numel() if buf is not None and buf.dtype == tensor.dtype else 0)
-            buf = self._buffer = torch.empty(size, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
-        host = buf[:n].view(tensor.shape)
-        if not tensor.is_cuda:
-            host.copy_(tensor, non_blocking=True)  # on the CPU: done when it returns
-            return host, None
-        if self._stream is None:  # cuda-only: the copy goes on a side stream, after the forward
-            self._stream = torch.cuda.Stream(tensor.device)  # cuda-only
-        self._stream.wait_stream(torch.cuda.current_stream(tensor.device))  # cuda-only
-        with torch.cuda.stream(self._stream):  # cuda-only
-            host.copy_(tensor, non_blocking=True)  # cuda-only
-            tensor.record_stream(self._stream)  # cuda-only: its memory is not reused before the copy ran
-            event = torch.cuda.Event()  # cuda-only
-            event.record(self._stream)  # cuda-only
-        return host, event  # cuda-only
-
-
 class StepRows:
     """A step's hidden rows as they travel (``actors.wire.wire_tensor``: bf16 as its int16 bits), leaving the device
-    once, by a copy into ``HostStaging`` that is waited for only when a transport first reads them (``host``)."""
+    once and not waited for where the copy starts: ``.to("cpu", non_blocking=True)`` (on CUDA into pinned memory from
+    PyTorch's caching host allocator, queued after the forward that made the rows, an event recorded behind it; on the
+    CPU the rows are in host memory already and nothing is copied). ``host`` waits for that event the first time a
+    transport reads the rows."""
 
-    def __init__(self, hidden: torch.Tensor, staging: HostStaging | None = None) -> None:
+    def __init__(self, hidden: torch.Tensor) -> None:
         tensor, self.dtype = wire_tensor(hidden)  # [num_tokens, fused_hidden_size]
         self.width, self.element_size = int(tensor.shape[1]), tensor.element_size()
-        self._host, self._copied = (staging or HostStaging()).stage(tensor)
+        self._host = tensor.to("cpu", non_blocking=True)
+        self._copied: Any = None
+        if tensor.is_cuda:
+            self._copied = torch.cuda.Event()  # cuda-only
+            self._copied.record()  # cuda-only
 
     def host(self) -> torch.Tensor:  # [num_tokens, fused_hidden_size] on the host
         if self._copied is not None:
-            self._copied.synchronize()  # cuda-only: the staging copy, once
+            self._copied.synchronize()  # cuda-only: the copy, once
             self._copied = None  # cuda-only
         return self._host
 

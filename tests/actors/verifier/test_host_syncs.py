@@ -18,7 +18,8 @@ def step(positions, rows, hidden):
     total = int(positions.sum())                # a readback
     again = host.tolist()                       # host (the readback's result): nothing
     made = torch.zeros(3, device=positions.device)  # a device tensor
-    return made, staging
+    off = hidden.to("cpu", non_blocking=True)   # an asynchronous copy to the host
+    return made, off
 """
 
 
@@ -33,12 +34,13 @@ def test_the_worked_example_counts_uploads_readbacks_and_async_copies():
     positions, hidden = torch.arange(10), torch.randn(10, 4)
     with HostSyncs() as syncs:
         syncs.mark(positions, hidden)
-        made, staging = step(positions, torch.tensor([1, 2]), hidden)
+        made, off = step(positions, torch.tensor([1, 2]), hidden)
     got = [(e.kind, e.op.split(".")[-1], e.site.rsplit(":", 1)[1], e.nbytes) for e in syncs.events]
     assert got == [(SyncKind.UPLOAD, "to", "3", 16), (SyncKind.READBACK, "cpu", "4", 16),
-                   (SyncKind.ASYNC, "copy_", "7", 160), (SyncKind.READBACK, "__int__", "8", 8)]
+                   (SyncKind.ASYNC, "copy_", "7", 160), (SyncKind.READBACK, "__int__", "8", 8),
+                   (SyncKind.ASYNC, "to", "11", 160)]
     assert all(e.site.startswith("actors/verifier/_example_step.py:") for e in syncs.events)
-    assert is_device(made) and not is_device(staging)
+    assert is_device(made) and not is_device(off) and is_device(hidden)
 
 
 def test_calls_made_outside_actors_are_not_counted():
@@ -57,4 +59,4 @@ def test_take_returns_the_events_and_starts_afresh():
         first = syncs.take()
         assert syncs.events == [] and syncs.counts() == {}
         step(positions, torch.tensor([0]), hidden)
-    assert len(first) == 4 and syncs.counts() == {SyncKind.UPLOAD: 1, SyncKind.READBACK: 2, SyncKind.ASYNC: 1}
+    assert len(first) == 5 and syncs.counts() == {SyncKind.UPLOAD: 1, SyncKind.READBACK: 2, SyncKind.ASYNC: 2}
