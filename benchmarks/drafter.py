@@ -631,7 +631,7 @@ def run_transport(args: argparse.Namespace) -> None:
 
     from actors.messages import ShmRows
     from actors.shm_rows import RowsReader
-    from actors.verifier.transport import COPIES, HostRows, ShmTransport, StepRows, TransportConfig, TransportStats
+    from actors.verifier.transport import HostRows, ShmTransport, StepRows, TransportConfig, TransportStats, host_copies
 
     @ray.remote(max_concurrency=1)
     class Sink:
@@ -689,7 +689,8 @@ def run_transport(args: argparse.Namespace) -> None:
                 del ref
             assert stats.sent == {path: args.repeats + 3}, stats.as_dict()  # no fallback: the path named
             transport.close()
-            r = [name, str(n), f"{mb:.2f}", path, str(COPIES[path]), f"{statistics.median(ship):.3f}",
+            copies = host_copies(path, whole_step=True)  # one home takes the step
+            r = [name, str(n), f"{mb:.2f}", path, str(copies), f"{statistics.median(ship):.3f}",
                  f"{statistics.median(trip):.3f}"]
             out.append(r)
             print(" | ".join(r), flush=True)

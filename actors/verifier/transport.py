@@ -39,7 +39,13 @@ from actors.wire import wire_tensor
 
 logger = logging.getLogger(__name__)
 TRANSPORT_MODES = ("auto", "host", "shm")
-COPIES = {"host": 2, "shm": 1}  # host copies of a home's rows on each path, from a host tensor (a device one: +0)
+# Host copies of a home's rows on each path once they are in host memory (``StepRows``): the host path's fancy index
+# (left out when one home takes the whole step) and Ray's object store; the shared-memory slot.
+COPIES = {"host": 2, "host, one home": 1, "shm": 1}
+
+
+def host_copies(path: str, whole_step: bool) -> int:
+    return COPIES["host, one home"] if path == "host" and whole_step else COPIES[path]
 
 
 @dataclass(frozen=True)
