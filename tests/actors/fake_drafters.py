@@ -74,18 +74,48 @@ def timed_out(step: DraftStep) -> Exception:
     return ray.exceptions.GetTimeoutError("drafter too slow")
 
 
-def fake_ray(monkeypatch) -> None:
-    """``ray.get`` / ``ray.wait`` read fake refs, ``ray.cancel`` of one does nothing (a test's ``monkeypatch``): no
-    real Ray is started for them (a real ``ray.cancel`` would auto-start one, or join the last ``ray start``'s)."""
-    def get(ref: Ref, timeout: float | None = None) -> Any:
+class FakeRay:
+    """``ray.get`` / ``ray.wait`` / ``ray.cancel`` over fake ``Ref``s (a test's ``monkeypatch``), recording what was
+    read (``got``) and cancelled: no real Ray is started for them (a real ``ray.cancel`` would auto-start one, or join
+    the last ``ray start``'s). ``ray.wait`` finds a ref ready when its ``ready`` says so and it is not in ``pending``
+    (where ``ray.get`` fails the test: it would block the step) nor, before its first ``ray.wait``, in ``late``."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.got: list = []
+        self.cancelled: list = []
+        self.pending: list = []
+        self.late: list = []
+        monkeypatch.setattr(ray, "get", self.get)
+        monkeypatch.setattr(ray, "wait", self.wait)
+        monkeypatch.setattr(ray, "cancel", lambda ref, **kw: self.cancelled.append(ref))
+
+    @staticmethod
+    def _in(ref, refs: list) -> bool:
+        return any(ref is r for r in refs)
+
+    def get(self, ref: Ref, timeout: float | None = None) -> Any:
+        assert not self._in(ref, self.pending), "the step waited for a call it must not wait for"
+        self.got.append(ref)
         if ref.error is not None:
             raise ref.error
         return ref.value
 
-    monkeypatch.setattr(ray, "get", get)
-    monkeypatch.setattr(ray, "wait", lambda refs, timeout=None: ([r for r in refs if r.ready],
-                                                                [r for r in refs if not r.ready]))
-    monkeypatch.setattr(ray, "cancel", lambda ref, **kw: None)
+    def wait(self, refs: list, timeout: float | None = None) -> tuple[list, list]:
+        ready = [r for r in refs if r.ready and not self._in(r, self.pending) and not self._in(r, self.late)]
+        self.late = [r for r in self.late if not self._in(r, refs)]  # late once
+        return ready, [r for r in refs if not self._in(r, ready)]
+
+    def was_read(self, ref) -> bool:
+        return self._in(ref, self.got)
+
+    def read_at(self, ref) -> int:
+        """Where ``ref`` is in the order of reads (by identity: two refs may hold equal values)."""
+        return next(i for i, r in enumerate(self.got) if r is ref)
+
+
+def fake_ray(monkeypatch) -> FakeRay:
+    """Ray's ``get`` / ``wait`` / ``cancel`` faked for this test (``FakeRay``)."""
+    return FakeRay(monkeypatch)
 
 
 class Pool(RemoteSpeculator):

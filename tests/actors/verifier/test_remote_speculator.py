@@ -21,6 +21,7 @@ from actors.messages import BranchTable, DraftStep, SeqRole, SeqSlice
 from actors.verifier.drafters import ActorFinder
 from actors.verifier.remote_speculator import RemoteSpeculator, build_speculator
 from actors.verifier.speculator import Drafts, Short
+from tests.actors.fake_drafters import FakeRay, fake_ray
 
 pytestmark = pytest.mark.isolated  # starts Ray (tests.run_isolated)
 K = 3
@@ -198,44 +199,6 @@ def test_branches_are_answered_by_sequence_when_verifiers_interleave(toy_heads):
 
 
 # --- the pipelined rules without Ray: fake drafter actors and refs (``tests.actors.fake_drafters``) -------------------
-class Refs:
-    """``ray.get`` / ``ray.wait`` / ``ray.cancel`` over fake ``Ref``s, recording what was read (``got``) and
-    cancelled. A ref in ``pending`` is not ready (``ray.wait``), and ``ray.get`` on it fails the test (it would block
-    the step); one in ``late`` is not ready to its first ``ray.wait``, ready after."""
-
-    def __init__(self, monkeypatch) -> None:
-        self.got: list = []
-        self.cancelled: list = []
-        self.pending: list = []
-        self.late: list = []
-        monkeypatch.setattr(ray, "get", self.get)
-        monkeypatch.setattr(ray, "wait", self.wait)
-        monkeypatch.setattr(ray, "cancel", lambda ref, **kw: self.cancelled.append(ref))
-
-    @staticmethod
-    def _in(ref, refs: list) -> bool:
-        return any(ref is r for r in refs)
-
-    def get(self, ref, timeout=None):
-        assert not self._in(ref, self.pending), "the step waited for a call it must not wait for"
-        self.got.append(ref)
-        if ref.error is not None:
-            raise ref.error
-        return ref.value
-
-    def wait(self, refs, timeout=None):
-        ready = [r for r in refs if not self._in(r, self.pending) and not self._in(r, self.late)]
-        self.late = [r for r in self.late if not self._in(r, refs)]  # late once
-        return ready, [r for r in refs if not self._in(r, ready)]
-
-    def was_read(self, ref) -> bool:
-        return self._in(ref, self.got)
-
-    def read_at(self, ref) -> int:
-        """Where ``ref`` is in the order of reads (by identity: two refs may hold equal values)."""
-        return next(i for i, r in enumerate(self.got) if r is ref)
-
-
 FK = 2  # the fake drafters' k (``tests.actors.fake_drafters.K``)
 PROMPT_END = 9  # a prompt step covers positions 0..9; the next step ships position 10
 GUESS = 7  # the outcome every branch table guessed: no draft accepted, token 7 emitted
@@ -246,7 +209,7 @@ class Branching:
     ``pending`` with ``hold``); ``branches`` answers a table guessing ``GUESS`` after the prompt for each sequence
     asked, with drafts ``[10 + i, 20 + i]`` for the i-th (its refs in ``tables``)."""
 
-    def __init__(self, fake_refs: Refs, answer=None, hold: bool = False) -> None:
+    def __init__(self, fake_refs: FakeRay, answer=None, hold: bool = False) -> None:
         from actors.messages import BranchEntry
         from tests.actors.fake_drafters import FakeDrafter, Method, Ref, good
 
@@ -302,7 +265,7 @@ def test_misses_are_not_waited_for_unless_over_half_the_step_missed(monkeypatch,
     step takes its hits and never waits for the drafter: the misses go to it as context (it drafts their next step
     from them) with no drafts this step, and the call's answer stays unread (``unchecked``) until the next step
     looks. With more missed, the step waits, and the misses get the drafter's drafts."""
-    refs = Refs(monkeypatch)
+    refs = fake_ray(monkeypatch)
     home = Branching(refs, hold=not waits)  # a call the step must not wait for is never ready
     pool = pipelined_pool({"home": (home, 0)})
     drafts = pool.draft(*fake_step(0, dict.fromkeys(SEQS)))  # prompts: context, nothing waited for
@@ -344,7 +307,7 @@ def test_an_unchecked_answer_that_failed_drops_its_drafter_at_the_next_step(monk
     get no drafts this step, none from the table either (drafted behind a failed step); the drafter gets nothing
     more, its pending calls are cancelled, it is dropped (held out until its probe answers) and told to free the
     sequences, which re-home to another drafter that drafts them from the next step."""
-    refs = Refs(monkeypatch)
+    refs = fake_ray(monkeypatch)
     bad, other = Branching(refs, failed), Branching(refs)
     pool = pipelined_pool({"bad": (bad, 0), "other": (other, 100)})  # new sequences go to "bad" first
     drafts = pool.draft(*fake_step(0, dict.fromkeys(SEQS)))
