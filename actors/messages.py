@@ -214,6 +214,8 @@ class SeqRole(enum.StrEnum):
 
     DRAFT = "draft"  # proposes the drafter's drafts: from the branch table (a hit) or drafted now (it waits)
     CONTEXT = "context"  # proposed placeholders without waiting (a prompt step): cache the rows, draft branches
+    PREFILL = "prefill"  # a prompt chunk before the prompt's end (vLLM discards its drafts): as CONTEXT, for every
+    # drafter: never drafted for, never waited for
 
 
 class DraftStatus(enum.StrEnum):
@@ -520,7 +522,7 @@ class StepLookup(NamedTuple):
     hits: list[int]  # answered: a branch of the step's k drafts
     drafts: list[list[int]]  # the k drafts of each hit, in ``hits``' order
     misses: list[int]  # no branch for their real outcome (or none of k drafts): drafted on demand, or not at all
-    context: list[int]  # ``SeqRole.CONTEXT``: not looked up (no drafts this step)
+    context: list[int]  # ``SeqRole.CONTEXT`` / ``PREFILL``: not looked up (no drafts this step)
     lookups: int  # sequences that had branches for this step (the hits, and misses whose outcome was unguessed)
 
 
@@ -559,7 +561,7 @@ class BranchTable(_Message):
         lookups = 0
         k = step.num_speculative_tokens
         for i, s in enumerate(step.seqs):
-            if s.role is SeqRole.CONTEXT:
+            if s.role is not SeqRole.DRAFT:  # CONTEXT, PREFILL
                 context.append(i)
                 continue
             entry = self.entries.get(s.req_id)

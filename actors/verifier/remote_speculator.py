@@ -124,8 +124,8 @@ class RemoteSpeculator:
                 drafts.timing.wait_ms += (time.perf_counter() - t) * 1e3
             sub, rows = step.select(idx)
             sub.hidden_dtype = rows_out.dtype
-            if not link.drafts_branches:  # no branches to draft from the context: it drafts, and we wait
-                sub.seqs = [replace(s, role=SeqRole.DRAFT) for s in sub.seqs]
+            if not link.drafts_branches:  # no branches to draft from: it drafts (a partial prefill aside), we wait
+                sub.seqs = [s if s.role is SeqRole.PREFILL else replace(s, role=SeqRole.DRAFT) for s in sub.seqs]
             found = table.lookup(sub)
             drafts.short.update({idx[j]: Short.CONTEXT for j in found.context})
             for j, ids in zip(found.hits, found.drafts, strict=True):

@@ -24,18 +24,19 @@ from actors.messages import SeqRole, SeqSlice
 
 
 def prompt_roles(seqs: list[SeqSlice], prompt_lens: np.ndarray | None) -> tuple[list[SeqSlice], list[bool]]:
-    """(``seqs`` with ``SeqRole.CONTEXT`` where a step's rows end in the prompt, whether each is a partial prefill):
-    a partial prefill (vLLM discards its drafts) or the prompt's last chunk. A pipelined drafter does not make the
-    verifier wait for those. ``prompt_lens``: [B] each sequence's prompt length (None: unknown, all decode).
+    """(``seqs`` with the role of each where a step's rows end in the prompt, whether each is a partial prefill):
+    ``SeqRole.PREFILL`` for a partial prefill (vLLM discards its drafts: no drafter is waited for), ``CONTEXT`` for
+    the prompt's last chunk (a pipelined drafter drafts its branches from it; a synchronous one drafts it, waited
+    for). ``prompt_lens``: [B] each sequence's prompt length (None: unknown, all decode).
 
-    Worked example: prompts of 10 and 4 tokens; a ships positions 0-5, b positions 4-4 -> a CONTEXT (partial
-    prefill), b DRAFT."""
+    Worked example: prompts of 10, 6 and 4 tokens; a ships positions 0-5, c positions 0-5, b positions 4-4 -> a
+    PREFILL, c CONTEXT (its prompt's last chunk), b DRAFT."""
     if prompt_lens is None:
         return seqs, [False] * len(seqs)
     ends = [s.start_position + s.num_tokens for s in seqs]
     in_prefill = [end < int(prompt_lens[i]) for i, end in enumerate(ends)]
-    seqs = [replace(s, role=SeqRole.CONTEXT) if end <= int(prompt_lens[i]) else s
-            for i, (s, end) in enumerate(zip(seqs, ends, strict=True))]
+    seqs = [replace(s, role=SeqRole.PREFILL if partial else SeqRole.CONTEXT) if end <= int(prompt_lens[i]) else s
+            for i, (s, end, partial) in enumerate(zip(seqs, ends, in_prefill, strict=True))]
     return seqs, in_prefill
 
 

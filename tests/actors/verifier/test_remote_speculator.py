@@ -330,3 +330,39 @@ def test_an_unchecked_answer_that_failed_drops_its_drafter_at_the_next_step(monk
     drafts = pool.draft(*fake_step(2, dict.fromkeys(SEQS, GUESS), PROMPT_END + 2))
     assert set(pool.homes.home.values()) == {"other"} and pool.homes.rehomed == 4
     assert not drafts.errors and not drafts.short and len(other.fake.steps) == 1
+
+
+def test_a_synchronous_drafter_is_not_waited_for_on_a_partial_prefill(monkeypatch):
+    """A drafter without branch tables is waited for on every drafted sequence, the prompt's last chunk included
+    (``CONTEXT`` becomes ``DRAFT``: its drafts are the first decode step's), but never on a partial prefill
+    (``PREFILL``: vLLM discards its drafts): such a step's rows go to it as context, its answer is left unread
+    (``unchecked``) and read by a later step."""
+    from tests.actors.fake_drafters import FakeDrafter, Pool, good
+
+    refs = fake_ray(monkeypatch)
+    fake = FakeDrafter(good)
+    step_call = fake.draft_step.fn
+    sent: list = []
+
+    def held(*args):  # a call the step must not wait for: never ready
+        sent.append(step_call(*args))
+        refs.pending.append(sent[-1])
+        return sent[-1]
+
+    fake.draft_step.fn = held
+    pool = Pool({"sync": (fake, 0)})
+    chunk = DraftStep(0, FK, [SeqSlice("a", 0, 4, 0, SeqRole.PREFILL), SeqSlice("b", 4, 4, 0, SeqRole.PREFILL)],
+                      np.arange(1, 9, dtype=np.int32))
+    drafts = pool.draft(chunk, np.zeros((8, 4), np.float32))
+    assert drafts.short == {0: Short.CONTEXT, 1: Short.CONTEXT} and drafts.lengths() == [0, 0]
+    assert [s.role for s in fake.steps[-1].seqs] == [SeqRole.PREFILL, SeqRole.PREFILL]
+    assert pool.drafters.links["sync"].unchecked is sent[0] and not refs.was_read(sent[0])
+
+    refs.pending.clear()  # the chunk's answer came; the prompts' last chunks are waited for
+    fake.draft_step.fn = step_call
+    last = DraftStep(1, FK, [SeqSlice("a", 0, 2, 4, SeqRole.CONTEXT), SeqSlice("b", 2, 2, 4, SeqRole.CONTEXT)],
+                     np.arange(1, 5, dtype=np.int32))
+    drafts = pool.draft(last, np.zeros((4, 4), np.float32))
+    assert refs.was_read(sent[0])  # the unread answer, read before this step went out
+    assert [s.role for s in fake.steps[-1].seqs] == [SeqRole.DRAFT, SeqRole.DRAFT]
+    assert drafts.short == {} and drafts.lengths() == [FK, FK]

@@ -186,12 +186,12 @@ def test_the_step_carries_the_rows_vllm_verified():
 
 def test_prompt_steps():
     """A partial prefill's drafts are discarded by vLLM (not awaited for acceptance); the prompt's last chunk drafts
-    as usual; both travel as ``CONTEXT`` rows."""
+    as usual; they travel as ``PREFILL`` and ``CONTEXT`` rows."""
     from actors.messages import SeqRole
 
     s = speculation()
     drafts = run_step(s, [("a", 0, 4), ("b", 0, 4)], prompt_lens=[8, 4])
-    assert [x.role for x in s.speculator.steps[-1].seqs] == [SeqRole.CONTEXT, SeqRole.CONTEXT]
+    assert [x.role for x in s.speculator.steps[-1].seqs] == [SeqRole.PREFILL, SeqRole.CONTEXT]
     assert drafts.lengths() == [K, K] and set(s.acceptance.pending) == {"b"}
 
 

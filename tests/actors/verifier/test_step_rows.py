@@ -27,15 +27,18 @@ def test_packed_step_rows_on_the_v1_padded_path():
 
 
 def test_prompt_roles_worked_example():
-    """Prompts of 10 and 4 tokens; a ships positions 0-5, b positions 4-4 -> a CONTEXT (partial prefill), b DRAFT."""
-    seqs = [SeqSlice("a", 0, 6, 0), SeqSlice("b", 6, 1, 4)]
-    roles, in_prefill = prompt_roles(seqs, np.array([10, 4]))
-    assert [s.role for s in roles] == [SeqRole.CONTEXT, SeqRole.DRAFT] and in_prefill == [True, False]
-    assert [(s.req_id, s.start, s.num_tokens, s.start_position) for s in roles] == [("a", 0, 6, 0), ("b", 6, 1, 4)]
+    """Prompts of 10, 6 and 4 tokens; a ships positions 0-5, c positions 0-5, b positions 4-4 -> a PREFILL, c CONTEXT
+    (its prompt's last chunk), b DRAFT."""
+    seqs = [SeqSlice("a", 0, 6, 0), SeqSlice("c", 6, 6, 0), SeqSlice("b", 12, 1, 4)]
+    roles, in_prefill = prompt_roles(seqs, np.array([10, 6, 4]))
+    assert [s.role for s in roles] == [SeqRole.PREFILL, SeqRole.CONTEXT, SeqRole.DRAFT]
+    assert in_prefill == [True, False, False]
+    assert [(s.req_id, s.start, s.num_tokens, s.start_position) for s in roles] == [
+        ("a", 0, 6, 0), ("c", 6, 6, 0), ("b", 12, 1, 4)]
     # the prompt's last chunk: CONTEXT, not a partial prefill; unknown prompt lengths: all decode
     roles, in_prefill = prompt_roles([SeqSlice("a", 0, 4, 6)], np.array([10]))
     assert roles[0].role is SeqRole.CONTEXT and in_prefill == [False]
-    assert prompt_roles(seqs, None) == (seqs, [False, False])
+    assert prompt_roles(seqs, None) == (seqs, [False, False, False])
 
 
 def test_rows_pair_each_position_with_the_token_after_it():

@@ -80,7 +80,7 @@ def test_a_step_ships_each_sequences_accepted_rows_with_the_token_after_each():
     assert step.input_ids.tolist() == [101, 77, 201, 55]
     a, b = step.seqs
     assert (a.req_id, a.start, a.num_tokens, a.start_position, a.role) == ("a", 0, 2, 10, SeqRole.DRAFT)
-    assert (b.req_id, b.start, b.num_tokens, b.start_position, b.role) == ("b", 2, 2, 0, SeqRole.CONTEXT)
+    assert (b.req_id, b.start, b.num_tokens, b.start_position, b.role) == ("b", 2, 2, 0, SeqRole.PREFILL)
     # EAGLE-3: the aux layers side by side, rows 0, 1, 3, 4
     assert fake.hidden[-1][:, 0].tolist() == [0, 1, 3, 4] and fake.hidden[-1][:, WIDTH].tolist() == [0, 2, 6, 8]
 
