@@ -1,6 +1,6 @@
 """The host syncs a verifier step makes in this project's code, counted on any device: ``HostSyncs``.
 
-Where it sits: around the driver worker's step (tests, and the GPU device check), never in a served step. On a GPU
+Where it sits: around the driver worker's step in the tests, never in a served step. On a GPU
 a *readback* (``.cpu()``, ``.item()``, ``.tolist()``, ``.numpy()``, ``bool(t)`` / ``int(t)`` / ``float(t)``, a
 blocking ``copy_`` into host memory, or an op whose output size depends on the data: ``nonzero``,
 ``repeat_interleave`` by a tensor, a boolean-mask index) stops the host until the device has caught up, and an
@@ -126,6 +126,9 @@ class HostSyncs(TorchFunctionMode):
             return out
         if func in _SIZED_BY_DATA and len(args) > 1 and is_device(args[1]):
             self._count(SyncKind.READBACK, func, _nbytes(args[1]))
+        elif func is T.__getitem__ and on_device and any(
+                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in tree_leaves(list(args[1:]))):
+            self._count(SyncKind.READBACK, func, 0)  # a boolean mask: the output's size is read back
         elif func is T.to and args and _names_host(args[1:], kwargs):  # device -> host
             if on_device:
                 self._count(SyncKind.ASYNC if non_blocking else SyncKind.READBACK, func, _nbytes(args[0]))

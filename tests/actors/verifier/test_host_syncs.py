@@ -43,6 +43,16 @@ def test_the_worked_example_counts_uploads_readbacks_and_async_copies():
     assert is_device(made) and not is_device(off) and is_device(hidden)
 
 
+def test_a_boolean_mask_index_on_the_device_is_a_readback():
+    mask_step = {"torch": torch}
+    exec(compile("def pick(x):\n    return x[x > 2]\n", ACTORS + "verifier/_example_mask.py", "exec"), mask_step)
+    with HostSyncs() as syncs:
+        syncs.mark(x := torch.arange(5))
+        picked = mask_step["pick"](x)
+    assert [(e.kind, e.op.split(".")[-1]) for e in syncs.events] == [(SyncKind.READBACK, "__getitem__")]
+    assert picked.tolist() == [3, 4] and is_device(picked)
+
+
 def test_calls_made_outside_actors_are_not_counted():
     positions = torch.arange(4)
     with HostSyncs() as syncs:
