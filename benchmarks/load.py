@@ -257,6 +257,27 @@ def shared_prefix_prompts(n: int, prefix_tokens: int, suffix_tokens: int) -> lis
     return [prefix + "\n" + s for s in suffixes[:n]]
 
 
+def long_prompts(n: int, tokens: int) -> list[str]:
+    """``n`` prompts of about ``tokens`` tokens each, held-out Python: prompt ``i`` is held-out file ``i`` and the
+    files after it, cut at ``tokens``. No two share a first block, so vLLM's prefix cache hits none of them."""
+    from transformers import AutoTokenizer
+
+    from cluster.harness import TARGET, heldout_prompts
+
+    tok = AutoTokenizer.from_pretrained(str(TARGET))
+    texts = heldout_prompts(n + 64, seed=11)
+    ids = [tok(t, add_special_tokens=False).input_ids for t in texts]
+    out = []
+    for i in range(n):
+        row: list[int] = []
+        j = i
+        while len(row) < tokens:
+            row += ids[j % len(ids)] + tok("\n\n", add_special_tokens=False).input_ids
+            j += 1
+        out.append(tok.decode(row[:tokens]))
+    return out
+
+
 PREFIX_COUNTERS = {"hit": "eagle_cluster_draft_prefix_hit_tokens", "miss": "eagle_cluster_draft_prefix_miss_tokens"}
 TTFT_HISTOGRAMS = {"engine": "vllm:time_to_first_token_seconds", "prefill": "vllm:request_prefill_time_seconds"}
 

@@ -56,6 +56,7 @@ VLLM_PORT = 8001
 DRAFT_LENGTH_KEY = "num_speculative_tokens_per_batch_size"
 SCHEDULE = [[1, 2, 3], [3, 8, 1], [9, 1024, 0]]  # ``sched``: k by batch size, [low, high, k]
 STRICT_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1"}
+CPU_MAX_MODEL_LEN = 1024  # deploy/cpu.yaml's (test_modes checks the two agree)
 BASE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # 1 GiB of KV cache in every server
 VARIANT_KINDS = {"draft length": ("auto", "sched", "k0", "k1", "k2", "k3"), "drafting": ("async", "sync"),
                  "ingress": ("haproxy", "pyproxy", "grpc"), "spin": ("nospin", "greedy"), "executor": ("uni",),
@@ -156,16 +157,18 @@ class Server:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def vllm_command(method: str | None) -> list[str]:
+def vllm_command(method: str | None, max_model_len: int | None = None) -> list[str]:
     """vLLM's own OpenAI server on the shipped target (with vLLM's own EAGLE head ``method``, or none): the settings
     of ``deploy/cpu.yaml``'s verifier (``max_model_len``, ``max_num_seqs``, prefix caching on: vLLM's default and the
-    cluster's), so the two differ only in where the drafter runs and what serves them."""
+    cluster's), so the two differ only in where the drafter runs and what serves them. ``max_model_len``: instead of
+    the YAML's."""
     from cluster.harness import HEADS, MODEL, TARGET
 
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(TARGET),
         "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(VLLM_PORT),
-        "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "32", "--enforce-eager",
+        "--dtype", "float32", "--max-model-len", str(max_model_len or CPU_MAX_MODEL_LEN), "--max-num-seqs", "32",
+        "--enforce-eager",
         "--worker-cls", "actors.verifier.worker.RemoteDraftWorker",
         "--additional-config", json.dumps({"eagle_cluster": {"remote_drafter": False}}),
     ]
@@ -215,21 +218,25 @@ def yaml_changes(mode: Mode, pinning: str, async_settings: dict[str, Any] | None
 
 
 def server(mode: Mode, pinning: str, tmp: Path, async_settings: dict[str, Any] | None = None,
-           overrides: dict[str, dict[str, Any]] | None = None) -> Server:
+           overrides: dict[str, dict[str, Any]] | None = None, max_model_len: int | None = None) -> Server:
     """What serves ``mode`` under ``pinning``; a cluster mode's YAML written to ``tmp``. ``overrides``: more
     verifier-application sections for the YAML (``{"ingress": {"max_inflight_requests": 8}}``); a key ``drafter``
-    there is merged into the drafter application's args."""
+    there is merged into the drafter application's args. ``max_model_len``: the verifier's and the drafter's, in
+    every mode (default: ``deploy/cpu.yaml``'s)."""
     if pinning not in PINNINGS:
         raise ValueError(f"pinning {pinning!r} is not one of {', '.join(PINNINGS)}")
     env = {**BASE_ENV, **(STRICT_ENV if pinning == "strict" else {})}
     if not mode.is_cluster:
         if overrides:
             raise ValueError(f"mode {mode.name!r}: YAML overrides are for cluster modes")
-        return Server(vllm_command(mode.method), f"http://127.0.0.1:{VLLM_PORT}", env)
+        return Server(vllm_command(mode.method, max_model_len), f"http://127.0.0.1:{VLLM_PORT}", env)
     from cluster.harness import HTTP, cpu_yaml, serve_command
 
     changes = yaml_changes(mode, pinning, async_settings)
     more = dict(overrides or {})
+    if max_model_len:
+        changes["drafter"]["max_model_len"] = max_model_len
+        changes["verifier"] = {**changes.get("verifier", {}), "max_model_len": max_model_len}
     changes["drafter"].update(more.pop("drafter", {}))
     for section, values in more.items():
         changes[section] = {**changes.get(section, {}), **values}
@@ -262,12 +269,13 @@ def wait_for_group(root_pid: int, group: str, timeout_s: float = 300.0, poll_s: 
 
 @contextlib.contextmanager
 def launch(mode: Mode, pinning: str, tmp: Path, async_settings: dict[str, Any] | None = None,
-           overrides: dict[str, dict[str, Any]] | None = None) -> Iterator[Running]:
+           overrides: dict[str, dict[str, Any]] | None = None, max_model_len: int | None = None
+           ) -> Iterator[Running]:
     """Starts ``mode``'s server (``cluster.harness.start``, output in ``tmp/MODE-PINNING.log``), waits until it is
     healthy, binds its processes as ``pinning`` says, and stops it (and what Ray left) on exit."""
     from cluster.harness import start, stop, wait_healthy
 
-    s = server(mode, pinning, tmp, async_settings, overrides)
+    s = server(mode, pinning, tmp, async_settings, overrides, max_model_len)
     log = tmp / f"{mode.name}-{pinning}.log"
     proc = start(s.cmd, env={**os.environ, **s.env}, log=log)
     try:

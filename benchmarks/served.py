@@ -3,7 +3,7 @@ one results JSON and tables the results page (``benchmarks.report``) renders.
 
     python -m benchmarks.served --modes target-only colocated-eagle3 cluster-eagle3 [--pinning strict|none]
         [--workload first-request prompts] [--concurrency 1 8 16] [--num-prompts 16] [--max-tokens 128]
-        [--rounds 1] [--verifier-timings] [--async-drafting JSON] [--out results/served]
+        [--rounds 1] [--verifier-timings] [--async-drafting JSON] [--max-model-len N] [--out results/served]
     python -m benchmarks.served --base-url http://127.0.0.1:8000 --workload prompts   # an endpoint already up
     python -m benchmarks.served --summary-from results/served/results.json           # the tables of a past run
 
@@ -21,6 +21,9 @@ the mode list, so modes alternate) and runs the workloads in this order:
   chosen k and ``auto``'s goodput table, branch hit rate (pipelined drafting);
 - ``shared-prefix``: the same, on prompts that share a ``--prefix-tokens`` held-out prefix, with the drafter's prefix
   cache hit / miss tokens;
+- ``long-prompts``: the same, on ``--num-prompts`` distinct held-out prompts of ``--long-prompt-tokens`` each (no
+  shared first block: vLLM's prefix cache hits none), for the first token of prefill-heavy steps; with
+  ``--max-model-len`` raised to fit (the verifier's and the drafter's, in every mode);
 - ``agreement``: at each c, our client and ``vllm bench serve`` in ``--turns`` turns on the same prompts.
 
 ``--verifier-timings`` (cluster modes, through Ray): after each concurrency, the verifier's step split
@@ -56,15 +59,18 @@ ROOT = Path(__file__).resolve().parent.parent
 # What a served figure measures (a table's ``sources``: ``benchmarks.report`` marks it stale once they change).
 SOURCES = ["actors", "cluster", "deploy/cpu.yaml", "pyproject.toml", "benchmarks/served.py", "benchmarks/modes.py",
            "benchmarks/load.py", "benchmarks/cpu.py", "benchmarks/prompts.jsonl"]
-WORKLOADS = ("first-request", "idle", "first-token", "prompts", "shared-prefix", "agreement")  # in run order
+WORKLOADS = ("first-request", "idle", "first-token", "prompts", "shared-prefix", "long-prompts",
+             "agreement")  # in run order
+LOAD_WORKLOADS = {"prompts": "prompts", "shared-prefix": "shared_prefix", "long-prompts": "long_prompts"}  # name: key
 RESULTS_SCHEMA = """\
 {"command", "commit", "date", "hardware", "others": [{"pid", "name", "cpu_pct"}] (benchmarks.stamp: "others" absent
  without psutil), "pinning", "workloads", "max_tokens", "num_prompts",
  "runs": [{"mode", "round", "pinned": {group: processes},
            "first_request": {"first_s", "next_median_s"}, "idle": {"groups": {group: ms/s}, "processes": [...]},
            "first_token": {"client", "client_p50", "engine", "prefill", "serving"},
-           "prompts" | "shared_prefix": {c: {benchmarks.load.Report's fields, "tok_s", "mal", "cpu_s": {group: s},
-               "cpu_ms_per_token": {group: ms}, "steps_per_k", "goodput_estimates", "prefix_tokens", "verifier"}},
+           "prompts" | "shared_prefix" | "long_prompts": {c: {benchmarks.load.Report's fields, "tok_s", "mal",
+               "cpu_s": {group: s}, "cpu_ms_per_token": {group: ms}, "steps_per_k", "goodput_estimates",
+               "prefix_tokens", "verifier"}},
            "agreement": {c: [{"ours": {metric: value}, "vllm": {...}}]}}]}"""
 
 
@@ -177,14 +183,14 @@ def measure_server(label: str, base: str, pid: int | None, args: argparse.Namesp
         run["idle"] = {"groups": cpu.by_group(rows), "processes": rows}
     if "first-token" in wanted:
         run["first_token"] = load.first_tokens(base, load_prompts(args.prompts, args.num_prompts))
-    if {"prompts", "shared-prefix", "agreement"} & set(wanted):
+    if {*LOAD_WORKLOADS, "agreement"} & set(wanted):
         load.drive(base, load_prompts(None, 4), 8, 4, f"{label} warm-up", quiet=True)
-    prompts = load_prompts(args.prompts, n)
-    for workload, key in (("prompts", "prompts"), ("shared-prefix", "shared_prefix")):
+    for workload, key in LOAD_WORKLOADS.items():
         if workload not in wanted:
             continue
-        if workload == "shared-prefix":
-            prompts = load.shared_prefix_prompts(n, args.prefix_tokens, args.suffix_tokens)
+        prompts = (load.shared_prefix_prompts(n, args.prefix_tokens, args.suffix_tokens) if workload == "shared-prefix"
+                   else load.long_prompts(n, args.long_prompt_tokens) if workload == "long-prompts"
+                   else load_prompts(args.prompts, n))
         run[key] = {str(c): at_concurrency(base, pid, prompts[: max(args.num_prompts, c)], c, args,
                                            f"{label} {workload} c={c}", verifier) for c in args.concurrency}
     if "agreement" in wanted:
@@ -196,7 +202,7 @@ def measure_server(label: str, base: str, pid: int | None, args: argparse.Namesp
 
 def measure(mode: modes.Mode, args: argparse.Namespace, tmp: Path, round_: int) -> dict[str, Any]:
     """``mode``'s server launched (``benchmarks.modes.launch``), measured, stopped."""
-    with modes.launch(mode, args.pinning, tmp, args.async_drafting) as srv:
+    with modes.launch(mode, args.pinning, tmp, args.async_drafting, max_model_len=args.max_model_len) as srv:
         verifier = VerifierTimings() if args.verifier_timings and mode.is_cluster else None
         try:
             return measure_server(mode.name, srv.base, srv.proc.pid, args, tmp, round_, srv.pinned, verifier)
@@ -234,8 +240,7 @@ def throughput_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]
     target-only and colocated (same round; colocated with the same head), CPU per token by group and what core 0
     allows (strict pinning), branch hit rate, steps per k. Columns empty in every row are left out."""
     strict = results.get("pinning") == "strict"
-    runs = [(r, w, c, v) for r in results["runs"] for w in ("prompts", "shared_prefix")
-            for c, v in r.get(w, {}).items()]
+    runs = [(r, w, c, v) for r in results["runs"] for w in LOAD_WORKLOADS.values() for c, v in r.get(w, {}).items()]
     tps = {(r["round"], w, c, r["mode"]): v["tok_s"] for r, w, c, v in runs}
     ttft = {(r["round"], w, c, r["mode"]): v["ttft_ms"]["median"] for r, w, c, v in runs}
     columns = ["round", "mode", "workload", "c", "tok/s", "TTFT p50 ms", "TPOT p50 ms", "MAL",
@@ -329,7 +334,7 @@ def summary(results: dict[str, Any], out: Path | None = None) -> None:
         print(f"\n## {title}\n\n{markdown(columns, rows)}")
         if name == "throughput":
             for r in results["runs"]:
-                for w in ("prompts", "shared_prefix"):
+                for w in LOAD_WORKLOADS.values():
                     for c, v in r.get(w, {}).items():
                         if v.get("verifier"):
                             print(f"{r['mode']} {w} c={c} verifier: " + ", ".join(
@@ -357,6 +362,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=1, help="repeat the mode list (modes alternate)")
     p.add_argument("--prefix-tokens", type=int, default=700, help="shared-prefix: the shared prefix's tokens")
     p.add_argument("--suffix-tokens", type=int, default=24, help="shared-prefix: each prompt's own suffix")
+    p.add_argument("--long-prompt-tokens", type=int, default=2500, help="long-prompts: each prompt's tokens")
+    p.add_argument("--max-model-len", type=int, help="every mode's max_model_len (verifier and drafter; default: "
+                   "deploy/cpu.yaml's)")
     p.add_argument("--settle-s", type=float, default=20.0, help="idle: quiet before the window")
     p.add_argument("--window-s", type=float, default=20.0, help="idle: the measured window")
     p.add_argument("--turns", type=int, default=4, help="agreement: turns of the two clients")

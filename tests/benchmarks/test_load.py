@@ -112,3 +112,15 @@ def test_ours_flat_names_every_agreement_metric() -> None:
 def test_the_command_line_names_what_it_runs() -> None:
     with pytest.raises(SystemExit, match="vllm-bench-serve"):
         load.main([])
+
+
+def test_long_prompts_are_distinct_from_their_first_block() -> None:
+    from transformers import AutoTokenizer
+
+    from cluster.harness import TARGET
+
+    tok = AutoTokenizer.from_pretrained(str(TARGET))
+    prompts = load.long_prompts(4, 600)
+    ids = [tok(p, add_special_tokens=False).input_ids for p in prompts]
+    assert all(570 <= len(i) <= 600 for i in ids)  # decoded, re-encoded: a few tokens merge at the seams
+    assert len({tuple(i[:16]) for i in ids}) == 4  # no two share vLLM's first KV block

@@ -126,6 +126,21 @@ def test_a_cluster_server_writes_its_yaml(tmp_path: Path) -> None:
     assert pool["head"] == str(HEADS["eagle"])
 
 
+def test_max_model_len_in_every_mode(tmp_path: Path) -> None:
+    from cluster import deploy_yaml
+
+    shipped = deploy_yaml.app_args(deploy_yaml.load())["verifier"]["max_model_len"]
+    target = modes.server(modes.parse("target-only"), "none", tmp_path).cmd
+    assert int(target[target.index("--max-model-len") + 1]) == shipped == modes.CPU_MAX_MODEL_LEN
+    target = modes.server(modes.parse("target-only"), "none", tmp_path, max_model_len=4096).cmd
+    assert target[target.index("--max-model-len") + 1] == "4096"
+    doc = yaml.safe_load(Path(modes.server(modes.parse("cluster-eagle3-nospin"), "strict", tmp_path,
+                                           max_model_len=4096).cmd[-1]).read_text())
+    verifier, pool = doc["applications"][0]["args"]["verifier"], doc["applications"][1]["args"]
+    assert (verifier["max_model_len"], pool["max_model_len"]) == (4096, 4096)
+    assert verifier["engine_spin_s"] is None and verifier["max_num_seqs"] == 32  # merged into, not replaced
+
+
 def test_greedy_spins_through_contention(tmp_path: Path) -> None:
     env = modes.server(modes.parse("cluster-eagle3-greedy"), "none", tmp_path).env
     assert env["EAGLE_CLUSTER_ENGINE_GREEDY_SPIN"] == "1"
