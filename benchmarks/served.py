@@ -189,10 +189,14 @@ def measure_server(label: str, base: str, pid: int | None, args: argparse.Namesp
         if workload not in wanted:
             continue
         prompts = (load.shared_prefix_prompts(n, args.prefix_tokens, args.suffix_tokens) if workload == "shared-prefix"
-                   else load.long_prompts(n, args.long_prompt_tokens) if workload == "long-prompts"
-                   else load_prompts(args.prompts, n))
-        run[key] = {str(c): at_concurrency(base, pid, prompts[: max(args.num_prompts, c)], c, args,
-                                           f"{label} {workload} c={c}", verifier) for c in args.concurrency}
+                   else load.long_prompts(n * len(args.concurrency), args.long_prompt_tokens)
+                   if workload == "long-prompts" else load_prompts(args.prompts, n))
+        run[key] = {}
+        for i, c in enumerate(args.concurrency):
+            # long-prompts: each concurrency its own prompts, or the prefix cache would serve the later ones
+            start = i * n if workload == "long-prompts" else 0
+            run[key][str(c)] = at_concurrency(base, pid, prompts[start: start + max(args.num_prompts, c)], c, args,
+                                              f"{label} {workload} c={c}", verifier)
     if "agreement" in wanted:
         prompts = load_prompts(args.prompts, args.num_prompts)
         run["agreement"] = {str(c): load.agreement(base, prompts, c, args.max_tokens, args.turns, tmp)

@@ -122,3 +122,21 @@ def test_a_bad_mode_is_refused_before_anything_starts(tmp_path: Path, capsys) ->
         served.main(["--modes", "target-only", "cluster-eagle3-k9", "--out", str(tmp_path)])
     assert e.value.code == 2 and "mode 'cluster-eagle3-k9': unknown variant 'k9'" in capsys.readouterr().err
     assert not (tmp_path / "results.json").exists()
+
+
+def test_long_prompts_are_new_at_each_concurrency(tmp_path: Path, monkeypatch) -> None:
+    """The prefix cache keeps a concurrency's prompts: the next concurrency must not see them again."""
+    seen: dict[int, list[str]] = {}
+    monkeypatch.setattr(served.load, "long_prompts", lambda n, tokens: [f"p{i}-{tokens}" for i in range(n)])
+    monkeypatch.setattr(served.load, "drive", lambda *a, **k: None)  # the warm-up
+
+    def at_concurrency(base, pid, prompts, c, args, label, verifier):
+        seen[c] = prompts
+        return {}
+
+    monkeypatch.setattr(served, "at_concurrency", at_concurrency)
+    args = served.parser().parse_args(["--workload", "long-prompts", "--num-prompts", "3", "--concurrency", "1", "4",
+                                       "--long-prompt-tokens", "50"])
+    run = served.measure_server("m", "http://unused", None, args, tmp_path, 1)
+    assert set(run["long_prompts"]) == {"1", "4"}
+    assert seen == {1: ["p0-50", "p1-50", "p2-50"], 4: ["p4-50", "p5-50", "p6-50", "p7-50"]}
