@@ -88,6 +88,10 @@ class _Batch:
 # Attention scores one sdpa call may hold ([B, heads, query rows, keys]): a long prompt's context pass attends in
 # blocks of query rows under this, so a 32k-token prefill does not ask for 40 x 32k x 32k scores at once.
 MAX_SCORES = 2**28
+# A sequence with more query rows than this in a pass (a prompt chunk) attends in a group of its own, and the rest
+# are padded only to the longest of them: a step mixing one 8k-token chunk with decode rows pads to 8k once, not
+# once per sequence (``CacheAttention.groups``). Above a draft step's rows (k + 1 <= 17) and below a chunk's.
+PACKED_ROWS = 32
 
 
 class CacheAttention:
@@ -97,6 +101,12 @@ class CacheAttention:
     for chunked-attention layers from the start of the chunk holding the sequence's first query row, so a
     decode pass at position 1000 with chunk 128 reads at most 128 keys, not 1000. Masks are made on the device
     from the query and key positions, one block of query rows at a time (``MAX_SCORES``).
+
+    Queries are padded to ``[B, max_rows]``. When some sequence has more than ``PACKED_ROWS`` rows and others share
+    the pass, the batch attends in ``groups``: each long sequence alone, the short ones together, so the padding,
+    the masks and the key windows grow with each group's own rows. Worked example: rows per sequence [3, 2500, 2, 4]
+    -> groups (sequences [0, 2, 3], padded to 4 rows, keys up to their own positions) and ([1], 2500 rows): 2512
+    query rows attended, not 4 x 2500.
     """
 
     def __init__(self, cache: DraftKVCache, batch: _Batch, chunk_sizes: dict[int, int | None],
@@ -105,6 +115,15 @@ class CacheAttention:
         self._slot_rows: SlotRows | None = None  # the Triton kernel's metadata (``_slot_attention``)
         b = batch
         num_seqs = b.slots.numel()
+        # (flat rows of the group on the device [n], the group's own pass) for a mixed pass; else None
+        self.groups: list[tuple[torch.Tensor, CacheAttention]] | None = None
+        if b.max_rows > PACKED_ROWS and num_seqs > 1:
+            counts = torch.bincount(b.row_seq, minlength=num_seqs)  # [B] rows of each sequence
+            long = torch.nonzero(counts > PACKED_ROWS).flatten().tolist()
+            short = torch.nonzero(counts <= PACKED_ROWS).flatten()
+            self.groups = [self._group(seqs, counts) for seqs in
+                           ([short] if short.numel() else []) + [torch.tensor([i]) for i in long]]
+            return
         # A decode pass (one row per sequence, in sequence order) needs no padding and no scatter of its rows.
         self.one_row = b.max_rows == 1 and b.row_seq.numel() == num_seqs
         if self.one_row:
@@ -136,6 +155,16 @@ class CacheAttention:
         if self.slot_order is not None:
             self.order_d = self.slot_order.to(b.device)
             self.unorder_d = torch.argsort(self.slot_order).to(b.device)
+
+    def _group(self, seqs: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, CacheAttention]:
+        """The pass of sequences ``seqs`` [G] (indices into the batch) alone, and their flat rows."""
+        b = self.b
+        rows = torch.nonzero(torch.isin(b.row_seq, seqs)).flatten()  # [n]
+        local = torch.full((b.slots.numel(),), -1, dtype=torch.long)
+        local[seqs] = torch.arange(seqs.numel())  # batch index -> index in the group
+        sub = _Batch(b.slots[seqs], local[b.row_seq[rows]], b.row_local[rows], b.positions[rows],
+                     int(counts[seqs].max()), b.device)
+        return rows.to(b.device), CacheAttention(self.cache, sub, self.chunks, self.backend)
 
     @staticmethod
     def _slot_order(slots: list[int]) -> torch.Tensor | None:  # [B] slot of each sequence
@@ -199,9 +228,18 @@ class CacheAttention:
         return out[:, 0] if self.one_row else out[dev["row_seq"], dev["row_local"]]  # [N, heads * head_dim]
 
     def __call__(self, layer: int, q, k, v, positions) -> torch.Tensor:
+        dev = self.b.on_device
+        self.cache.write(layer, dev["row_slots"], dev["positions"], k, v)
+        if self.groups is None:
+            return self.attend(layer, q)
+        out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])  # [N, heads * head_dim]
+        for rows, group in self.groups:
+            out.index_copy_(0, rows, group.attend(layer, q.index_select(0, rows)))
+        return out
+
+    def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:  # q [N, heads, head_dim], its K/V written
         b, dev = self.b, self.b.on_device
         chunk = self.chunks[layer]
-        self.cache.write(layer, dev["row_slots"], dev["positions"], k, v)
         if self.backend == "triton":
             return self._slot_attention(layer, q)
         key_pos, key_pos_d = self.window(chunk)

@@ -340,3 +340,37 @@ def test_a_shuffled_batch_drafts_what_each_sequence_drafts_alone(toy_heads, name
         for i, (r, m) in enumerate(zip(order, rows, strict=True)):
             n[r] += m
             assert got[i].tolist() == reference_drafts(head, ids[r][: n[r]], hid[r][: n[r]], 3), (step_id, r)
+
+
+@pytest.mark.parametrize("name", ["eagle1", "eagle3"])
+def test_a_mixed_step_attends_in_groups_not_padded_to_its_longest_chunk(toy_heads, name, monkeypatch):
+    """A prompt chunk beside decode rows (``CacheAttention.groups``): each sequence still gets its from-scratch
+    drafts, and no attention call holds more query rows than a group's own (here: the 40-row chunk alone, the
+    three short sequences padded to 3 rows), not 4 x 40."""
+    from actors.drafter import engine as engine_module
+
+    shapes: list[tuple[int, int]] = []
+
+    def recording_attend(q, k, v, mask):
+        shapes.append((q.shape[0], q.shape[1]))  # [B, Tq]
+        return sdpa_attend(q, k, v, mask)
+
+    monkeypatch.setattr(engine_module, "sdpa_attend", recording_attend)
+    target_dir, heads = toy_heads
+    head = load_head(heads[name], target_dir)
+    engine = DrafterEngine(head, DrafterEngineConfig(max_model_len=128))
+    width = head.spec.fused_hidden_size
+    g = torch.Generator().manual_seed(5)
+    rids, rows = ["a", "b", "c", "d"], {"a": 3, "b": 40, "c": 2, "d": 3}
+    ids = {r: torch.randint(0, 300, (60,), generator=g) for r in rids}
+    hid = {r: torch.randn(60, width, generator=g) for r in rids}
+    engine.draft_tensors(*make_step(0, 3, [(r, 0, ids[r][:4], hid[r][:4]) for r in rids]))  # 4 rows cached each
+    shapes.clear()
+    step, hidden = make_step(1, 3, [(r, 4, ids[r][4 : 4 + rows[r]], hid[r][4 : 4 + rows[r]]) for r in rids])
+    got = engine.draft_tensors(step, hidden).drafts
+    for i, r in enumerate(rids):
+        n = 4 + rows[r]
+        assert got[i].tolist() == reference_drafts(head, ids[r][:n], hid[r][:n], 3), r
+    context = shapes[: len(head.layers) * 2]  # the context pass: two groups per layer, then one-row chain passes
+    assert sorted(set(context)) == [(1, 40), (3, 3)], shapes
+    assert max(b * t for b, t in shapes) == 40
