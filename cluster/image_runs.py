@@ -69,8 +69,10 @@ def colocated(method: str, prompts, k: int, max_tokens: int):
         del llm
 
 
-def cluster(method: str, prompts, k: int, max_tokens: int, namespace: str, mm_embeds: bool = True):
-    """(tokens, vLLM's counters, the proposer's stats) of the disaggregated path."""
+def cluster(method: str, prompts, k: int, max_tokens: int, namespace: str, mm_embeds: bool = True,
+            wait_for_prompt_drafts: bool = False):
+    """(tokens, vLLM's counters, the proposer's stats) of the disaggregated path (``wait_for_prompt_drafts``: the
+    draft client's, ``actors.verifier.remote_speculator``)."""
     import ray
 
     from actors.drafter.actor import start_drafter_actor
@@ -80,7 +82,8 @@ def cluster(method: str, prompts, k: int, max_tokens: int, namespace: str, mm_em
     name = f"mm-drafter-{method}-{int(mm_embeds)}"
     actor = start_drafter_actor(DrafterSettings(str(HEADS[method]), str(TARGET)), name=name, namespace=namespace)
     spec = {"method": method, "model": str(HEADS[method]), "num_speculative_tokens": k}
-    llm = make_verifier_llm(str(TARGET), spec, {"actor": name, "namespace": namespace},
+    client = {"actor": name, "namespace": namespace, "wait_for_prompt_drafts": wait_for_prompt_drafts}
+    llm = make_verifier_llm(str(TARGET), spec, client,
                             **engine_kwargs(additional_config={"eagle_cluster": {"mm_embeds": mm_embeds}}))
     try:
         tokens, stats = generate(llm, prompts, max_tokens)

@@ -17,6 +17,12 @@ One step, for each home's share of it (``DraftStep.select``), a ``HomePlan``:
    drafter drafts no branches; otherwise the misses are short this step (``Short.CONTEXT``) and were sent as
    ``SeqRole.CONTEXT``, like prompt steps: their drafter drafts their next step from the context.
 
+A drafter without branches (synchronous drafting) gets a step's prompt chunks in a call of their own, sent after
+the call whose drafts are waited for and never waited for itself: it caches their rows while the verifier runs its
+next step, so a prefill-heavy step costs what target-only's does. A prompt's last chunk is context too, and its
+drafting starts at its first decode step, unless ``wait_for_prompt_drafts`` (then it is drafted and waited for, as
+vLLM's colocated EAGLE drafts it: the same counters, the drafter's pass over the prompt on the critical path).
+
 So a step whose sequences mostly hit never blocks on a drafter. A drafter whose call fails or times out, or whose
 answer does not hold up (``check_drafts``, ``BranchTable.check``), is dropped (``Drafters.drop``): its sequences are
 short this step (``Short.FAILED``) and move to another drafter at their next step.
@@ -68,7 +74,8 @@ class Ticket:
 class RemoteSpeculator:
     def __init__(self, finder: Finder | None, timeout_s: float = DRAFT_TIMEOUT_S, new_group_size: int = 4,
                  wait_for_misses: float = 0.5, vocab_size: int | None = None, discover_period_s: float = 1.0,
-                 hidden_transport: str = "auto", shm_slots: int = 4, shm_slot_mib: float = 16.0) -> None:
+                 hidden_transport: str = "auto", shm_slots: int = 4, shm_slot_mib: float = 16.0,
+                 wait_for_prompt_drafts: bool = False) -> None:
         """``vocab_size``: the target's; drafts outside it make their drafter a failed one.
 
         ``hidden_transport``: how each step's hidden rows reach a drafter (``actors.verifier.transport``): ``auto``
@@ -83,6 +90,7 @@ class RemoteSpeculator:
         self.drafters = Drafters(finder, timeout_s, discover_period_s, self.transports)
         self.homes = Homes(new_group_size)
         self.wait_for_misses = wait_for_misses
+        self.wait_for_prompt_drafts = wait_for_prompt_drafts
         self.vocab_size = vocab_size
         self.prefix_tokens = {"hit": 0, "miss": 0}  # as the drafters reported them (DraftResult.prefix_*_tokens)
 
@@ -112,7 +120,7 @@ class RemoteSpeculator:
         groups = self.homes.groups(req_ids)
         ticket.homes = len(groups)
         subs = []
-        for drafter_id, idx in groups:  # 1. branch tables and lookups
+        for drafter_id, idx in self._parts(step, groups):  # 1. branch tables and lookups
             link = d.links[drafter_id]
             t = time.perf_counter()
             try:
@@ -124,7 +132,7 @@ class RemoteSpeculator:
                 drafts.timing.wait_ms += (time.perf_counter() - t) * 1e3
             sub, rows = step.select(idx)
             sub.hidden_dtype = rows_out.dtype
-            if not link.drafts_branches:  # no branches to draft from: it drafts (a partial prefill aside), we wait
+            if not link.drafts_branches and self.wait_for_prompt_drafts:  # a prompt's last chunk drafted, waited
                 sub.seqs = [s if s.role is SeqRole.PREFILL else replace(s, role=SeqRole.DRAFT) for s in sub.seqs]
             found = table.lookup(sub)
             drafts.short.update({idx[j]: Short.CONTEXT for j in found.context})
@@ -151,6 +159,23 @@ class RemoteSpeculator:
                 link.unchecked = plan.ref
             drafts.timing.ship_ms += (time.perf_counter() - t) * 1e3
         return ticket
+
+    def _parts(self, step: DraftStep, groups: list[tuple[str, list[int]]]) -> list[tuple[str, list[int]]]:
+        """Each home's sequences (indices into ``step.seqs``), a home without branches split in two: the ones
+        drafted and waited for, then its prompt chunks (context). Worked example: roles [DRAFT, PREFILL, CONTEXT,
+        DRAFT] on one such home -> [(home, [0, 3]), (home, [1, 2])]; with ``wait_for_prompt_drafts``, CONTEXT goes
+        with the drafted ones: [(home, [0, 2, 3]), (home, [1])]."""
+        waited = (SeqRole.DRAFT, SeqRole.CONTEXT) if self.wait_for_prompt_drafts else (SeqRole.DRAFT,)
+        parts = []
+        for drafter_id, idx in groups:
+            link = self.drafters.links[drafter_id]
+            if link.drafts_branches:
+                parts.append((drafter_id, idx))
+                continue
+            drafted = [i for i in idx if step.seqs[i].role in waited]
+            context = [i for i in idx if step.seqs[i].role not in waited]
+            parts += [(drafter_id, p) for p in (drafted, context) if p]
+        return parts
 
     def collect(self, ticket: Ticket) -> Drafts:
         """3. The answers waited for, within the step's deadline (counted from ``send``)."""
@@ -233,7 +258,7 @@ class RemoteSpeculator:
 
 
 SPECULATOR_KEYS = frozenset({"timeout_s", "new_group_size", "wait_for_misses", "vocab_size", "discover_period_s",
-                             "hidden_transport", "shm_slots", "shm_slot_mib"})
+                             "hidden_transport", "shm_slots", "shm_slot_mib", "wait_for_prompt_drafts"})
 
 
 def build_speculator(spec: dict[str, Any]) -> RemoteSpeculator:

@@ -37,10 +37,11 @@ def target_only(prompts, params, **engine):
 
 
 def remote_run(namespace: str, head, method: str, prompts, params, name: str, k: int = 3, branches=None,
-               actor_name: str | None = None, **engine):
+               actor_name: str | None = None, wait_for_prompt_drafts: bool = False, **engine):
     """(tokens, vLLM's counters, each rank's ``eagle_cluster_stats`` with its ``eagle_cluster_counters`` under
     ``"counters"``) of a verifier drafting through a drafter actor named ``name`` (``branches``: pipelined drafting;
-    ``actor_name``: the verifier looks for that name instead, and no actor is started)."""
+    ``actor_name``: the verifier looks for that name instead, and no actor is started; ``wait_for_prompt_drafts``:
+    the draft client's, as vLLM's colocated EAGLE drafts a prompt's last chunk)."""
     import ray
 
     from actors.drafter.actor import start_drafter_actor
@@ -49,7 +50,7 @@ def remote_run(namespace: str, head, method: str, prompts, params, name: str, k:
 
     settings = DrafterSettings(str(head), str(TARGET), engine=DrafterEngineConfig(branches=branches))
     actor = start_drafter_actor(settings, name=name, namespace=namespace) if actor_name is None else None
-    client = {"actor": actor_name or name, "namespace": namespace}
+    client = {"actor": actor_name or name, "namespace": namespace, "wait_for_prompt_drafts": wait_for_prompt_drafts}
     if actor_name is not None:
         client["start_wait_s"] = 0.5
     spec = {"method": method, "model": str(head), "num_speculative_tokens": k}

@@ -41,9 +41,9 @@ def _same_counters(a, b) -> bool:
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 def test_image_prompts_exact_and_counters_match_colocated(ray_cluster, method, prompts, reference):
-    tokens, stats, rpc = mm.cluster(method, prompts, K, MAX_TOKENS, NS)
+    tokens, stats, rpc = mm.cluster(method, prompts, K, MAX_TOKENS, NS, wait_for_prompt_drafts=True)  # as vLLM
     assert tokens == reference  # every prompt, token for token
-    old_tokens, old, _ = mm.cluster(method, prompts, K, MAX_TOKENS, NS, mm_embeds=False)
+    old_tokens, old, _ = mm.cluster(method, prompts, K, MAX_TOKENS, NS, mm_embeds=False, wait_for_prompt_drafts=True)
     assert old_tokens == reference
     colo_tokens, colo = mm.colocated(method, prompts, K, MAX_TOKENS)
     assert colo_tokens == reference

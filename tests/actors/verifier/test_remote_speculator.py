@@ -333,10 +333,10 @@ def test_an_unchecked_answer_that_failed_drops_its_drafter_at_the_next_step(monk
 
 
 def test_a_synchronous_drafter_is_not_waited_for_on_a_partial_prefill(monkeypatch):
-    """A drafter without branch tables is waited for on every drafted sequence, the prompt's last chunk included
-    (``CONTEXT`` becomes ``DRAFT``: its drafts are the first decode step's), but never on a partial prefill
-    (``PREFILL``: vLLM discards its drafts): such a step's rows go to it as context, its answer is left unread
-    (``unchecked``) and read by a later step."""
+    """With ``wait_for_prompt_drafts`` (vLLM's colocated behaviour), a drafter without branch tables is waited for
+    on every drafted sequence, the prompt's last chunk included (``CONTEXT`` becomes ``DRAFT``: its drafts are the
+    first decode step's), but never on a partial prefill (``PREFILL``: vLLM discards its drafts): such a step's rows
+    go to it as context, its answer is left unread (``unchecked``) and read by a later step."""
     from tests.actors.fake_drafters import FakeDrafter, Pool, good
 
     refs = fake_ray(monkeypatch)
@@ -350,7 +350,7 @@ def test_a_synchronous_drafter_is_not_waited_for_on_a_partial_prefill(monkeypatc
         return sent[-1]
 
     fake.draft_step.fn = held
-    pool = Pool({"sync": (fake, 0)})
+    pool = Pool({"sync": (fake, 0)}, wait_for_prompt_drafts=True)
     chunk = DraftStep(0, FK, [SeqSlice("a", 0, 4, 0, SeqRole.PREFILL), SeqSlice("b", 4, 4, 0, SeqRole.PREFILL)],
                       np.arange(1, 9, dtype=np.int32))
     drafts = pool.draft(chunk, np.zeros((8, 4), np.float32))
@@ -366,3 +366,32 @@ def test_a_synchronous_drafter_is_not_waited_for_on_a_partial_prefill(monkeypatc
     assert refs.was_read(sent[0])  # the unread answer, read before this step went out
     assert [s.role for s in fake.steps[-1].seqs] == [SeqRole.DRAFT, SeqRole.DRAFT]
     assert drafts.short == {} and drafts.lengths() == [FK, FK]
+
+
+def test_a_synchronous_drafter_gets_a_steps_prompt_chunks_in_a_call_after_the_drafted_one(monkeypatch):
+    """By default a prompt's chunks, its last included, are never waited for: a mixed step goes to a drafter
+    without branch tables as two calls, the drafted sequences first (waited for), then the chunks (``PREFILL`` and
+    ``CONTEXT`` kept, answer left unread). The chunks' sequences draft nothing this step (``Short.CONTEXT``)."""
+    from tests.actors.fake_drafters import FakeDrafter, Pool, good
+
+    refs = fake_ray(monkeypatch)
+    fake = FakeDrafter(good)
+    step_call = fake.draft_step.fn
+    sent: list = []
+
+    def recorded(*args):
+        sent.append(step_call(*args))
+        return sent[-1]
+
+    fake.draft_step.fn = recorded
+    pool = Pool({"sync": (fake, 0)})
+    mixed = DraftStep(0, FK, [SeqSlice("d", 0, 1, 9), SeqSlice("p", 1, 4, 0, SeqRole.PREFILL),
+                              SeqSlice("c", 5, 3, 0, SeqRole.CONTEXT), SeqSlice("e", 8, 2, 7)],
+                      np.arange(1, 11, dtype=np.int32))
+    drafts = pool.draft(mixed, np.zeros((10, 4), np.float32))
+    assert [[(s.req_id, s.role) for s in step.seqs] for step in fake.steps] == [
+        [("d", SeqRole.DRAFT), ("e", SeqRole.DRAFT)], [("p", SeqRole.PREFILL), ("c", SeqRole.CONTEXT)]]
+    assert refs.was_read(sent[0]) and not refs.was_read(sent[1])
+    assert pool.drafters.links["sync"].unchecked is sent[1]
+    assert drafts.short == {1: Short.CONTEXT, 2: Short.CONTEXT} and drafts.lengths() == [FK, 0, 0, FK]
+    assert not drafts.errors

@@ -64,7 +64,8 @@ def remote_run(ray_cluster, head, method, prompts, params, name, branches=None, 
 def test_greedy_exact_and_counters_match_colocated(ray_cluster, head, method, prompts, greedy, reference):
     from actors.vllm_engine import make_llm
 
-    tokens, stats, rpc = remote_run(ray_cluster, head, method, prompts, greedy, f"drafter-{method}")
+    tokens, stats, rpc = remote_run(ray_cluster, head, method, prompts, greedy, f"drafter-{method}",
+                                    wait_for_prompt_drafts=True)  # a prompt's last chunk drafted, as vLLM does
     assert tokens == reference  # every prompt, token for token
     llm = make_llm(str(TARGET), speculative_config=spec(head, method))
     try:
