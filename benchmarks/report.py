@@ -58,12 +58,8 @@ BEGIN, END = "<!-- performance: rendered by python -m benchmarks.report -->", "<
 
 HEADER = """# Benchmarks
 
-Each table with its command, the hardware each process had, the date and the commit. CPU: this project's machines
-(2 cores, 24 GiB, no GPU; vLLM's CPU build); GPU: one lent H200 without vLLM. The same CPU mode moves 10-25% between
-runs: compare ratios measured side by side in one run.
-
-Rendered from `docs/results/*.json` by `python -m benchmarks.report` (`--check` in CI). **Stale**: a later commit
-touches the table's `sources` (in its JSON). Earlier figures: git history.
+A CPU mode moves 10-25% between runs: compare ratios from one run. Rendered from `docs/results/*.json`
+(`python -m benchmarks.report`); **Stale**: a later commit touches the table's `sources`.
 """
 
 
@@ -220,7 +216,7 @@ def compact_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list
 def render_table(table: Table, mark: Staleness | None = None) -> list[str]:
     out = [f"### {table['title']}", ""] + ([mark.why, ""] if mark and mark.why else [])
     out += ["```bash", table["command"], "```", ""]
-    out += [f"**Hardware**: {table['hardware']}. **Date**: {table['date']}. **Commit**: {table['commit']}.", ""]
+    out += [f"**Hardware**: {table['hardware']}. **Date**, **commit**: {table['date']}, {table['commit']}.", ""]
     if "model" in table:
         model = table["model"]
         out += ["Inputs (measured):", ""]
@@ -228,7 +224,7 @@ def render_table(table: Table, mark: Staleness | None = None) -> list[str]:
                               [[name, e["value"], e["source"]] for name, e in model["inputs"].items()])
         out += ["", "Assumptions:", ""] + [f"- {a}" for a in model["assumptions"]]
         out += ["", "Formulas (b: verifier batch; h: hit rate; d: draft step):", "", "```"]
-        out += model["formulas"] + ["```", "", "Outputs (computed by `benchmarks/report.py`):", ""]
+        out += model["formulas"] + ["```", "", "Outputs (computed at render):", ""]
     notes = " ".join(n for n in (table["notes"], table.get("checked")) if n)
     out += compact_table(table["columns"], table["rows"]) + ["", notes, ""]
     if "plot" in table:

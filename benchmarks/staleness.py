@@ -84,4 +84,4 @@ def staleness(table: Mapping[str, Any], repo: Path) -> Staleness:
     if not firsts:
         return Staleness(CURRENT)
     _, full, _, path, since = min(firsts)
-    return Staleness(STALE, f"**Stale**: its sources changed after {since} (first: {full[:7]} {path}).")
+    return Staleness(STALE, f"**Stale**: sources changed after {since} ({full[:7]} {path}).")

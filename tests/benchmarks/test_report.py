@@ -56,7 +56,7 @@ def test_a_tiny_table_renders_with_its_plot_and_check_follows_the_page(tmp_path:
     assert report.main(args) == 0
     text = page.read_text()
     assert "## Is it fast?" in text and "### A tiny table\n\n```bash\npython -m benchmarks.tiny --c 1 2\n```" in text
-    assert f"**Date**: 2026-12-05. **Commit**: {head}." in text and "core 0 for the verifier" in text
+    assert f"**Date**, **commit**: 2026-12-05, {head}." in text and "core 0 for the verifier" in text
     assert "|c|tok/s|ratio|\n|---|---|---|\n|1|10.5|0.50x|\n|2|20.0|1.00x|" in text
     assert "![tiny](img/tiny.png)" in text
     assert (img / "tiny.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -77,7 +77,7 @@ def test_a_stale_table_says_so_under_its_title_and_check_follows_its_sources(tmp
     later = commit(repo, {"bench.py": "fast = False\n"}, "the source changes")
     assert report.main([*args, "--check"]) == 1  # the page says current; at HEAD the table is stale
     assert report.main(args) == 0
-    line = f"**Stale**: its sources changed after {head} (first: {later[:7]} bench.py)."
+    line = f"**Stale**: sources changed after {head} ({later[:7]} bench.py)."
     assert f"### A tiny table\n\n{line}\n\n```bash" in page.read_text()
     commit(repo, {"bench.py": "fast = None\n"}, "another change: the page names the first, so it still holds")
     assert report.main([*args, "--check"]) == 0

@@ -31,9 +31,9 @@ def test_a_later_commit_on_its_sources_makes_a_table_stale(history: tuple[Path, 
     repo, (first, other, src, _) = history
     s = staleness(table(first[:7], ["src"]), repo)
     assert s.state == STALE
-    assert s.why == f"**Stale**: its sources changed after {first[:7]} (first: {src[:7]} src/a.py)."
+    assert s.why == f"**Stale**: sources changed after {first[:7]} ({src[:7]} src/a.py)."
     s = staleness(table(first[:7], ["src", "other/b.py"]), repo)  # the first later commit of either
-    assert s.why == f"**Stale**: its sources changed after {first[:7]} (first: {other[:7]} other/b.py)."
+    assert s.why == f"**Stale**: sources changed after {first[:7]} ({other[:7]} other/b.py)."
 
 
 def test_no_later_commit_on_its_sources_is_current(history: tuple[Path, list[str]]) -> None:
@@ -58,7 +58,7 @@ def test_several_commits_any_with_later_changes_makes_it_stale(history: tuple[Pa
     repo, (first, _, src, docs) = history
     assert staleness(table(f"A, B: {src[:7]}; C: {docs[:7]}", ["src"]), repo).state == CURRENT
     s = staleness(table(f"A: {src[:7]}; C: {first[:7]}", ["src"]), repo)
-    assert s.state == STALE and s.why.startswith(f"**Stale**: its sources changed after {first[:7]} ")
+    assert s.state == STALE and s.why.startswith(f"**Stale**: sources changed after {first[:7]} ")
 
 
 def test_a_rechecked_table_is_never_stale(history: tuple[Path, list[str]]) -> None:
